@@ -1,0 +1,206 @@
+// Load, prefill and decode speed of a Qwen2.5-0.5B-shaped bf16 model, against this machine's
+// measured memory read bandwidth and file read speed, all in one run. Prints medians and ratios:
+//   load ratio        = (open → PreparedModel) ÷ (reading the checkpoint files once)
+//   decode efficiency = weight bytes streamed per token × tokens/s ÷ read bandwidth (goal ≥ 0.8)
+#include <fcntl.h>
+#include <immintrin.h>
+#include <omp.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <numeric>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "clients/synth.h"
+#include "loaders/load_model.h"
+
+ABSL_FLAG(std::string, preset, "qwen2.5-0.5b", "model shape (kiln synth preset)");
+ABSL_FLAG(std::string, dtype, "bf16", "weight dtype: bf16 or f32");
+ABSL_FLAG(std::string, model_dir, "build/bench-models", "where synthesized models are kept");
+ABSL_FLAG(int32_t, prompt_tokens, 512, "prefill prompt length");
+ABSL_FLAG(int32_t, decode_tokens, 128, "tokens decoded at batch 1");
+ABSL_FLAG(int32_t, repeats, 3, "repetitions per measurement (the median is printed)");
+
+namespace kiln {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double Seconds(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Sums `n` 64-bit words with independent vector accumulators, so that memory, not the adder
+// chain, limits the loop.
+uint64_t SumWords(const uint64_t* words, size_t n) {
+#if defined(__AVX512F__)
+  __m512i acc[4] = {_mm512_set1_epi64(0), _mm512_set1_epi64(0), _mm512_set1_epi64(0),
+                    _mm512_set1_epi64(0)};
+  size_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    for (int a = 0; a < 4; ++a) {
+      acc[a] = _mm512_add_epi64(acc[a], _mm512_loadu_si512(words + i + 8 * a));
+    }
+  }
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(
+      lanes, _mm512_add_epi64(_mm512_add_epi64(acc[0], acc[1]), _mm512_add_epi64(acc[2], acc[3])));
+  uint64_t sum = 0;
+  for (uint64_t lane : lanes) sum += lane;
+#else
+  uint64_t sum = 0;
+  size_t i = 0;
+#endif
+  for (; i < n; ++i) sum += words[i];
+  return sum;
+}
+
+// Read bandwidth of all cores over a buffer far larger than the caches.
+double MeasureReadBandwidth(int repeats) {
+  const size_t words = size_t{128} << 20;  // 1 GiB
+  std::vector<uint64_t> buffer(words);
+  for (size_t i = 0; i < words; ++i) buffer[i] = i;
+  std::vector<double> rates;
+  uint64_t checksum = 0;
+  for (int r = 0; r < repeats + 1; ++r) {
+    const auto start = Clock::now();
+    uint64_t sum = 0;
+#pragma omp parallel reduction(+ : sum)
+    {
+      const size_t threads = static_cast<size_t>(omp_get_num_threads());
+      const size_t slice = words / threads;
+      const size_t begin = static_cast<size_t>(omp_get_thread_num()) * slice;
+      sum += SumWords(buffer.data() + begin,
+                      omp_get_thread_num() + 1 == omp_get_num_threads() ? words - begin : slice);
+    }
+    const double seconds = Seconds(start);
+    checksum += sum;
+    if (r > 0) rates.push_back(static_cast<double>(words * 8) / seconds);  // run 0 warms up
+  }
+  if (checksum == 42) std::printf(" ");  // keeps the sums observable
+  return Median(rates);
+}
+
+// Seconds to read every file of the checkpoint once with read(2) (from the page cache when
+// warm, which is also where the load below reads from).
+double MeasureFileRead(const std::filesystem::path& dir, uint64_t* bytes) {
+  std::vector<char> block(8 << 20);
+  *bytes = 0;
+  const auto start = Clock::now();
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    if (entry.path().extension() != ".safetensors") continue;
+    int fd = ::open(entry.path().c_str(), O_RDONLY);
+    if (fd < 0) continue;
+    ssize_t got;
+    while ((got = ::read(fd, block.data(), block.size())) > 0) *bytes += static_cast<uint64_t>(got);
+    ::close(fd);
+  }
+  return Seconds(start);
+}
+
+int Main() {
+  const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
+  const std::string preset = absl::GetFlag(FLAGS_preset);
+  absl::StatusOr<ModelConfig> config = SynthPresetConfig(preset);
+  if (!config.ok())
+    return std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str()), 1;
+  SynthOptions synth;
+  synth.dtype = absl::GetFlag(FLAGS_dtype) == "f32" ? DType::kF32 : DType::kBF16;
+  const std::filesystem::path dir = std::filesystem::path(absl::GetFlag(FLAGS_model_dir)) /
+                                    (preset + "-" + absl::GetFlag(FLAGS_dtype));
+  if (!std::filesystem::exists(dir / "config.json")) {
+    std::printf("writing %s ...\n", dir.c_str());
+    if (absl::Status s = WriteSynthCheckpoint(dir, *config, synth); !s.ok()) {
+      return std::fprintf(stderr, "%s\n", std::string(s.message()).c_str()), 1;
+    }
+  }
+
+  const double bandwidth = MeasureReadBandwidth(repeats);
+  std::printf("memory read bandwidth     %8.2f GB/s (median of %d)\n", bandwidth / 1e9, repeats);
+
+  absl::StatusOr<std::unique_ptr<Backend>> created = CreateCpuBackend();
+  if (!created.ok()) return 1;
+  std::shared_ptr<Backend> backend(std::move(*created));
+
+  uint64_t file_bytes = 0;
+  MeasureFileRead(dir, &file_bytes);  // warm the page cache
+  std::vector<double> read_times, load_times;
+  std::unique_ptr<PreparedModel> model;
+  for (int r = 0; r < repeats; ++r) {
+    read_times.push_back(MeasureFileRead(dir, &file_bytes));
+    model.reset();
+    const auto start = Clock::now();
+    absl::StatusOr<std::unique_ptr<PreparedModel>> loaded = LoadModel(dir, backend);
+    load_times.push_back(Seconds(start));
+    if (!loaded.ok()) {
+      return std::fprintf(stderr, "%s\n", std::string(loaded.status().message()).c_str()), 1;
+    }
+    model = std::move(*loaded);
+  }
+  const double read_s = Median(read_times), load_s = Median(load_times);
+  std::printf("checkpoint                %8.2f GB in files, %s weights packed as %s\n",
+              file_bytes / 1e9, absl::GetFlag(FLAGS_dtype).c_str(),
+              std::string(DTypeName(model->compute_dtype())).c_str());
+  std::printf("read files once           %8.3f s (%.2f GB/s)\n", read_s, file_bytes / read_s / 1e9);
+  std::printf(
+      "load (open → prepared)    %8.3f s  = %.2f × reading the files "
+      "(open %.3f s, bind %.3f s, post-load %.3f s)\n",
+      load_s, load_s / read_s, model->timings().open_seconds, model->timings().bind_seconds,
+      model->timings().post_load_seconds);
+
+  const int32_t prompt_tokens = absl::GetFlag(FLAGS_prompt_tokens);
+  const int32_t decode_tokens = absl::GetFlag(FLAGS_decode_tokens);
+  std::vector<int32_t> prompt(static_cast<size_t>(prompt_tokens));
+  for (int32_t i = 0; i < prompt_tokens; ++i)
+    prompt[static_cast<size_t>(i)] = (i * 7919 + 13) % static_cast<int32_t>(config->vocab_size);
+
+  std::vector<double> prefill_rates, decode_rates;
+  std::vector<float> logits;
+  for (int r = 0; r < repeats; ++r) {
+    absl::StatusOr<KvCache> cache = model->NewCache(prompt_tokens + decode_tokens);
+    if (!cache.ok()) return 1;
+    logits.clear();
+    SequenceChunk chunk{&*cache, prompt, false};
+    auto start = Clock::now();
+    if (!model->Forward({&chunk, 1}, &logits).ok()) return 1;
+    prefill_rates.push_back(prompt_tokens / Seconds(start));
+
+    int32_t next =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    start = Clock::now();
+    for (int32_t t = 0; t < decode_tokens; ++t) {
+      logits.clear();
+      chunk.tokens = {&next, 1};
+      if (!model->Forward({&chunk, 1}, &logits).ok()) return 1;
+      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    }
+    decode_rates.push_back(decode_tokens / Seconds(start));
+  }
+  const double prefill = Median(prefill_rates), decode = Median(decode_rates);
+  const double streamed = static_cast<double>(model->bytes_streamed_per_token());
+  std::printf("prefill (%d tokens)      %8.1f tokens/s\n", prompt_tokens, prefill);
+  std::printf("decode (batch 1, %d)     %8.2f tokens/s, %.3f GB streamed per token\n",
+              decode_tokens, decode, streamed / 1e9);
+  std::printf(
+      "decode efficiency         %8.2f  (streamed bytes × tokens/s ÷ bandwidth; goal ≥ 0.8)\n",
+      streamed * decode / bandwidth);
+  return 0;
+}
+
+}  // namespace
+}  // namespace kiln
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return kiln::Main();
+}

@@ -1,0 +1,20 @@
+# Compiler launcher, warnings and sanitizers shared by every kiln target.
+find_program(KILN_CCACHE ccache)
+if(KILN_CCACHE AND NOT CMAKE_CXX_COMPILER_LAUNCHER)
+  set(CMAKE_CXX_COMPILER_LAUNCHER ${KILN_CCACHE})
+  set(CMAKE_C_COMPILER_LAUNCHER ${KILN_CCACHE})
+endif()
+
+add_library(kiln_options INTERFACE)
+target_compile_options(kiln_options INTERFACE -Wall -Wextra -Wpedantic -Wno-missing-field-initializers)
+if(KILN_WERROR)
+  target_compile_options(kiln_options INTERFACE -Werror)
+endif()
+# The CPU kernels rely on the host's vector units (AVX-512 where present).
+target_compile_options(kiln_options INTERFACE -march=native)
+if(KILN_SANITIZE)
+  target_compile_options(kiln_options INTERFACE -fsanitize=address,undefined -fno-omit-frame-pointer
+                                                 -fno-sanitize-recover=undefined)
+  target_link_options(kiln_options INTERFACE -fsanitize=address,undefined)
+endif()
+target_include_directories(kiln_options INTERFACE ${PROJECT_SOURCE_DIR})

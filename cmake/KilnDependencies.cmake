@@ -1,0 +1,28 @@
+# Every dependency comes from a Debian bookworm package; scripts/setup.sh installs them.
+find_package(absl REQUIRED)
+find_package(dnnl REQUIRED)
+find_package(OpenMP REQUIRED)
+find_package(nlohmann_json 3.10 REQUIRED)
+find_package(Threads REQUIRED)
+find_package(glog 0.6 REQUIRED)
+
+if(KILN_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+  # libtorch provides the independent reference forward used by the tests.
+  find_package(Torch REQUIRED)
+endif()
+
+set(KILN_HAVE_CUDA OFF)
+if(NOT KILN_ENABLE_CUDA STREQUAL "OFF")
+  if(NOT CMAKE_CUDA_COMPILER AND EXISTS /usr/local/cuda/bin/nvcc)
+    set(CMAKE_CUDA_COMPILER /usr/local/cuda/bin/nvcc)
+  endif()
+  include(CheckLanguage)
+  check_language(CUDA)
+  if(CMAKE_CUDA_COMPILER)
+    set(KILN_HAVE_CUDA ON)
+  elseif(KILN_ENABLE_CUDA STREQUAL "ON")
+    message(FATAL_ERROR "KILN_ENABLE_CUDA=ON but no CUDA toolkit was found")
+  endif()
+endif()
+message(STATUS "kiln: CUDA toolkit ${KILN_HAVE_CUDA}")

@@ -1,0 +1,469 @@
+// The oneDNN CPU backend: weights are packed once into the blocked layout oneDNN's brgemm
+// matmul picks for a concrete M (see docs/onednn-2.6.md: 2.6 refuses brgemm for runtime dims),
+// and every call runs a primitive created (and cached) for its concrete M against that layout.
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <new>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <string>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
+#include "base/logging.h"
+#include "kernels/backend.h"
+
+namespace kiln {
+namespace {
+
+using dnnl::memory;
+using Tag = memory::format_tag;
+using Dt = memory::data_type;
+
+// The packed layout is the one oneDNN's first-choice implementation picks for M = 1, so batch-1
+// decode always runs its own primitive on it. Measured here: brgemm wants the same layout for
+// every M from 1 to 1024 (BA16a64b2a for bf16 with or without AMX, BA16a64b for f32), so other
+// M normally get their own primitive too; where one does not, EntryFor falls back.
+constexpr int64_t kRepresentativeM = 1;
+// Larger M run as chunks of this many rows; bounds the primitives cached per shape.
+constexpr int64_t kMaxPrimitiveM = 256;
+// Up to this M, bf16 prefers the AVX-512 brgemm over the AMX one (see PrimitiveCache::Create).
+constexpr int64_t kPreferAvx512MaxM = 4;
+constexpr size_t kAlignment = 64;
+
+// ---- Aligned buffers -------------------------------------------------------------------------
+
+struct FreeDeleter {
+  void operator()(std::byte* p) const { std::free(p); }
+};
+using AlignedBytes = std::unique_ptr<std::byte, FreeDeleter>;
+
+size_t RoundUp(size_t bytes) { return std::max<size_t>(kAlignment, (bytes + 63) / 64 * 64); }
+
+AlignedBytes AllocAligned(size_t bytes) {
+  void* p = std::aligned_alloc(kAlignment, RoundUp(bytes));
+  if (p == nullptr) throw std::bad_alloc();
+  return AlignedBytes(static_cast<std::byte*>(p));
+}
+
+// A per-thread buffer that only grows.
+class GrowBuffer {
+ public:
+  std::byte* Get(size_t bytes) {
+    if (bytes > capacity_ || !data_) {
+      data_ = AllocAligned(bytes);
+      capacity_ = RoundUp(bytes);
+    }
+    return data_.get();
+  }
+
+ private:
+  AlignedBytes data_;
+  size_t capacity_ = 0;
+};
+
+// Per-thread state: a oneDNN scratchpad must not be shared by threads running at once, and the
+// bf16 copy of the activations is per call. The stream is kept per thread for its engine.
+struct ThreadState {
+  GrowBuffer scratchpad;
+  GrowBuffer src_bf16;
+  dnnl::engine engine;  // declared before stream: the stream is destroyed first
+  dnnl::stream stream;
+};
+thread_local ThreadState tls_state;
+
+dnnl::stream& ThreadStream(const dnnl::engine& engine) {
+  ThreadState& ts = tls_state;
+  if (!ts.stream || ts.engine.get(true) != engine.get()) {
+    ts.stream = dnnl::stream();
+    ts.engine = engine;
+    ts.stream = dnnl::stream(engine);
+  }
+  return ts.stream;
+}
+
+// ---- dtype conversion into the compute dtype -------------------------------------------------
+
+// Same rounding as F32ToBF16 (nearest even, NaN stays NaN), branch-free so it vectorizes.
+// `src` may be unaligned.
+void F32BytesToBF16(const std::byte* src, int64_t n, uint16_t* dst) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    uint32_t bits;
+    std::memcpy(&bits, src + 4 * i, 4);
+    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
+    const uint32_t nan = (bits >> 16) | 0x40u;
+    dst[i] = static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
+  }
+}
+
+// Writes `rows` rows of `block` (cols values each) as compute-dtype values at `dst`.
+void ConvertBlock(const WeightView& block, DType compute, std::byte* dst) {
+  const int64_t cols = block.cols;
+  const size_t src_row_bytes = static_cast<size_t>(cols) * DTypeSize(block.dtype);
+  const size_t dst_row_bytes = static_cast<size_t>(cols) * DTypeSize(compute);
+#pragma omp parallel for schedule(static)
+  for (int64_t r = 0; r < block.rows; ++r) {
+    const std::byte* s = block.data + static_cast<size_t>(r) * src_row_bytes;
+    std::byte* d = dst + static_cast<size_t>(r) * dst_row_bytes;
+    if (block.dtype == compute) {
+      std::memcpy(d, s, src_row_bytes);
+    } else if (compute == DType::kF32) {
+      ConvertToF32(block.dtype, s, cols, reinterpret_cast<float*>(d));
+    } else if (block.dtype == DType::kF32) {
+      F32BytesToBF16(s, cols, reinterpret_cast<uint16_t*>(d));
+    } else {  // f16 -> bf16, through f32 (exact), then one rounding
+      for (int64_t c = 0; c < cols; ++c) {
+        uint16_t bits;
+        std::memcpy(&bits, s + 2 * c, 2);
+        const uint16_t out = F32ToBF16(F16ToF32(bits));
+        std::memcpy(d + 2 * c, &out, 2);
+      }
+    }
+  }
+}
+
+Dt ToDnnl(DType dtype) { return dtype == DType::kBF16 ? Dt::bf16 : Dt::f32; }
+
+// ---- Primitive cache, shared by all layers of a backend --------------------------------------
+
+struct PrimKey {
+  int64_t k = 0;
+  int64_t n = 0;
+  int64_t m = 0;
+  DType dtype = DType::kF32;
+  bool bias = false;
+
+  friend bool operator==(const PrimKey& a, const PrimKey& b) {
+    return a.k == b.k && a.n == b.n && a.m == b.m && a.dtype == b.dtype && a.bias == b.bias;
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const PrimKey& key) {
+    return H::combine(std::move(h), key.k, key.n, key.m, key.dtype, key.bias);
+  }
+};
+
+struct PrimEntry {
+  int64_t m = 0;
+  dnnl::matmul primitive;
+  memory::desc src_md;
+  memory::desc dst_md;
+  memory::desc weights_md;  // the layout this primitive wants
+  memory::desc scratch_md;
+  size_t scratch_bytes = 0;
+  std::string impl;
+};
+
+class PrimitiveCache {
+ public:
+  explicit PrimitiveCache(dnnl::engine engine) : engine_(std::move(engine)) {}
+
+  // Throws dnnl::error when oneDNN has no implementation.
+  std::shared_ptr<const PrimEntry> Get(const PrimKey& key) {
+    {
+      absl::ReaderMutexLock lock(&mu_);
+      auto it = map_.find(key);
+      if (it != map_.end()) return it->second;
+    }
+    std::shared_ptr<const PrimEntry> created = Create(key);  // slow (JIT); outside the lock
+    absl::MutexLock lock(&mu_);
+    return map_.emplace(key, std::move(created)).first->second;
+  }
+
+ private:
+  static bool IsAmx(const std::string& impl) { return impl.find("amx") != std::string::npos; }
+
+  static dnnl::matmul::desc MakeDesc(const PrimKey& key) {
+    const Dt dt = ToDnnl(key.dtype);
+    const memory::desc src_md({key.m, key.k}, dt, Tag::ab);
+    const memory::desc weights_md({key.k, key.n}, dt, Tag::any);
+    const memory::desc dst_md({key.m, key.n}, Dt::f32, Tag::ab);
+    if (!key.bias) return dnnl::matmul::desc(src_md, weights_md, dst_md);
+    const memory::desc bias_md({1, key.n}, Dt::f32, Tag::ab);
+    return dnnl::matmul::desc(src_md, weights_md, bias_md, dst_md);
+  }
+
+  std::shared_ptr<const PrimEntry> Create(const PrimKey& key) const {
+    // The op desc must outlive the primitive_desc iteration (oneDNN 2.6 keeps a pointer to it).
+    const dnnl::matmul::desc desc = MakeDesc(key);
+    dnnl::primitive_attr attr;
+    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+    dnnl::matmul::primitive_desc pd(desc, attr, engine_);
+    // oneDNN's first choice for bf16 here is the AMX brgemm even at M = 1, but for M ≤ 4 the
+    // AVX-512 brgemm streams the weights faster (measured on this 2-core VM, weights not in
+    // cache, K=896 N=9728: 17 vs 13 GB/s at M=1; K=4864 N=896: 16.5 vs 12.7; lm_head
+    // N=151936: 15 vs 12). From M = 8 on AMX wins by 1.5-5x. Take the AVX-512 one for small M
+    // when it wants the same weight layout.
+    if (key.m <= kPreferAvx512MaxM && IsAmx(pd.impl_info_str())) {
+      dnnl::matmul::primitive_desc alt(desc, attr, engine_);
+      while (alt.next_impl()) {
+        const std::string impl = alt.impl_info_str();
+        if (impl.rfind("brg:", 0) != 0 || IsAmx(impl)) continue;
+        if (alt.weights_desc() == pd.weights_desc()) pd = alt;
+        break;
+      }
+    }
+    auto entry = std::make_shared<PrimEntry>();
+    entry->m = key.m;
+    entry->primitive = dnnl::matmul(pd);
+    entry->src_md = pd.src_desc();
+    entry->dst_md = pd.dst_desc();
+    entry->weights_md = pd.weights_desc();
+    entry->scratch_md = pd.scratchpad_desc();
+    entry->scratch_bytes = entry->scratch_md.get_size();
+    entry->impl = pd.impl_info_str();
+    return entry;
+  }
+
+  const dnnl::engine engine_;
+  absl::Mutex mu_;
+  absl::flat_hash_map<PrimKey, std::shared_ptr<const PrimEntry>> map_;
+};
+
+// ---- The packed layer ------------------------------------------------------------------------
+
+class OneDnnLinear final : public PackedLinear {
+ public:
+  OneDnnLinear(std::string name, int64_t k, int64_t n, DType dtype, dnnl::engine engine,
+               std::shared_ptr<PrimitiveCache> cache)
+      : name_(std::move(name)),
+        k_(k),
+        n_(n),
+        dtype_(dtype),
+        engine_(std::move(engine)),
+        cache_(std::move(cache)) {}
+
+  // Converts, stacks and reorders the weight; throws dnnl::error / std::bad_alloc.
+  void Pack(const LinearPackSpec& spec) {
+    const PrimKey rep_key{k_, n_, kRepresentativeM, dtype_, !spec.bias.empty()};
+    std::shared_ptr<const PrimEntry> rep = cache_->Get(rep_key);
+    packed_md_ = rep->weights_md;
+    kernel_name_ = rep->impl;
+
+    // Plain W[N, K] in the compute dtype, which is weights {K, N} in layout `ba`.
+    const size_t plain_bytes = static_cast<size_t>(n_ * k_) * DTypeSize(dtype_);
+    AlignedBytes plain = AllocAligned(plain_bytes);
+    size_t offset = 0;
+    for (const WeightView& block : spec.row_blocks) {
+      ConvertBlock(block, dtype_, plain.get() + offset);
+      offset += static_cast<size_t>(block.rows * k_) * DTypeSize(dtype_);
+    }
+    const memory::desc plain_md({k_, n_}, ToDnnl(dtype_), Tag::ba);
+    const size_t packed_size = packed_md_.get_size();
+    packed_ = AllocAligned(packed_size);
+    weights_mem_ = memory(packed_md_, engine_, packed_.get());
+    if (plain_md == packed_md_) {
+      std::memcpy(packed_.get(), plain.get(), plain_bytes);
+    } else {
+      memory plain_mem(plain_md, engine_, plain.get());
+      dnnl::stream& stream = ThreadStream(engine_);
+      dnnl::reorder(plain_mem, weights_mem_).execute(stream, plain_mem, weights_mem_);
+      stream.wait();
+    }
+    plain.reset();
+
+    packed_bytes_ = packed_size;
+    if (!spec.bias.empty()) {
+      const size_t bias_bytes = static_cast<size_t>(n_) * sizeof(float);
+      bias_ = AllocAligned(bias_bytes);
+      std::memcpy(bias_.get(), spec.bias.data(), bias_bytes);
+      bias_mem_ = memory(memory::desc({1, n_}, Dt::f32, Tag::ab), engine_, bias_.get());
+      packed_bytes_ += bias_bytes;
+    }
+    VLOG(1) << "packed " << name_ << " [N=" << n_ << ", K=" << k_ << "] " << DTypeName(dtype_)
+            << (bias_ ? " +bias" : "") << ": " << packed_bytes_ << " bytes, impl " << kernel_name_;
+  }
+
+  int64_t in_features() const override { return k_; }
+  int64_t out_features() const override { return n_; }
+  DType compute_dtype() const override { return dtype_; }
+  size_t packed_bytes() const override { return packed_bytes_; }
+  std::string kernel_name() const override { return kernel_name_; }
+
+  absl::Status Forward(const float* x, int64_t m, float* y) const override {
+    if (m < 0) return absl::InvalidArgumentError(absl::StrCat(name_, ": negative m ", m));
+    if (m == 0) return absl::OkStatus();
+    if (x == nullptr || y == nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(name_, ": null input or output"));
+    }
+    try {
+      dnnl::stream& stream = ThreadStream(engine_);
+      int64_t done = 0;
+      while (done < m) {
+        const std::shared_ptr<const PrimEntry> entry = EntryFor(std::min(m - done, kMaxPrimitiveM));
+        if (!entry) {
+          return absl::InternalError(
+              absl::StrCat(name_, ": no oneDNN primitive matches the packed weight layout"));
+        }
+        Run(*entry, x + done * k_, y + done * n_, stream);
+        done += entry->m;
+      }
+      return absl::OkStatus();
+    } catch (const dnnl::error& e) {
+      return absl::InternalError(absl::StrCat(name_, ": oneDNN error in forward (status ",
+                                              static_cast<int>(e.status), "): ", e.what()));
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(absl::StrCat(name_, ": out of memory in forward"));
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat(name_, ": forward failed: ", e.what()));
+    }
+  }
+
+ private:
+  PrimKey KeyFor(int64_t m) const { return PrimKey{k_, n_, m, dtype_, bias_ != nullptr}; }
+
+  // A primitive for up to `rows` rows that runs on the packed layout: the one for exactly
+  // `rows` when it wants that layout, else (logged once) the largest power-of-two M that does;
+  // M = 1 always does, since it chose the layout. The caller loops over the remaining rows.
+  std::shared_ptr<const PrimEntry> EntryFor(int64_t rows) const {
+    std::shared_ptr<const PrimEntry> entry = cache_->Get(KeyFor(rows));
+    if (entry->weights_md == packed_md_) return entry;
+    if (!fallback_logged_.exchange(true)) {
+      LOG(WARNING) << name_ << ": oneDNN wants another weight layout for M=" << rows << " (impl "
+                   << entry->impl << "); running such M in smaller row chunks";
+    }
+    for (int64_t m = std::bit_floor(static_cast<uint64_t>(rows)); m >= 1; m /= 2) {
+      if (m == rows) continue;
+      entry = cache_->Get(KeyFor(m));
+      if (entry->weights_md == packed_md_) return entry;
+    }
+    return nullptr;
+  }
+
+  void Run(const PrimEntry& entry, const float* x, float* y, dnnl::stream& stream) const {
+    ThreadState& ts = tls_state;
+    void* src = const_cast<float*>(x);
+    if (dtype_ == DType::kBF16) {
+      const int64_t count = entry.m * k_;
+      auto* converted = reinterpret_cast<uint16_t*>(ts.src_bf16.Get(count * sizeof(uint16_t)));
+      F32BytesToBF16(reinterpret_cast<const std::byte*>(x), count, converted);
+      src = converted;
+    }
+    const memory src_mem(entry.src_md, engine_, src);
+    const memory dst_mem(entry.dst_md, engine_, y);
+    dnnl_exec_arg_t args[5];
+    int nargs = 0;
+    args[nargs++] = {DNNL_ARG_SRC, src_mem.get()};
+    args[nargs++] = {DNNL_ARG_WEIGHTS, weights_mem_.get()};
+    args[nargs++] = {DNNL_ARG_DST, dst_mem.get()};
+    if (bias_mem_) args[nargs++] = {DNNL_ARG_BIAS, bias_mem_.get()};
+    memory scratch_mem;
+    if (entry.scratch_bytes > 0) {
+      scratch_mem = memory(entry.scratch_md, engine_, ts.scratchpad.Get(entry.scratch_bytes));
+      args[nargs++] = {DNNL_ARG_SCRATCHPAD, scratch_mem.get()};
+    }
+    dnnl::error::wrap_c_api(
+        dnnl_primitive_execute(entry.primitive.get(), stream.get(), nargs, args),
+        "could not execute a matmul primitive");
+    stream.wait();
+  }
+
+  const std::string name_;
+  const int64_t k_;
+  const int64_t n_;
+  const DType dtype_;
+  const dnnl::engine engine_;
+  const std::shared_ptr<PrimitiveCache> cache_;
+  memory::desc packed_md_;
+  AlignedBytes packed_;
+  memory weights_mem_;
+  AlignedBytes bias_;
+  memory bias_mem_;
+  std::string kernel_name_;
+  size_t packed_bytes_ = 0;
+  mutable std::atomic<bool> fallback_logged_{false};
+};
+
+// ---- Validation and the backend --------------------------------------------------------------
+
+bool KnownDType(DType dtype) {
+  return dtype == DType::kF32 || dtype == DType::kF16 || dtype == DType::kBF16;
+}
+
+absl::Status ValidateSpec(const LinearPackSpec& spec, int64_t* k, int64_t* n) {
+  auto invalid = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("PackLinear(", spec.name, "): ", parts...));
+  };
+  if (spec.compute_dtype != DType::kF32 && spec.compute_dtype != DType::kBF16) {
+    return invalid("compute dtype must be F32 or BF16, got ", DTypeName(spec.compute_dtype));
+  }
+  if (spec.row_blocks.empty()) return invalid("no row blocks");
+  const WeightView& first = spec.row_blocks.front();
+  int64_t rows = 0;
+  for (size_t i = 0; i < spec.row_blocks.size(); ++i) {
+    const WeightView& block = spec.row_blocks[i];
+    if (!KnownDType(block.dtype)) return invalid("row block ", i, " has an unknown dtype");
+    if (block.dtype != first.dtype) {
+      return invalid("row block ", i, " is ", DTypeName(block.dtype), " but block 0 is ",
+                     DTypeName(first.dtype));
+    }
+    if (block.rows <= 0 || block.cols <= 0) {
+      return invalid("row block ", i, " has shape [", block.rows, ", ", block.cols, "]");
+    }
+    if (block.cols != first.cols) {
+      return invalid("row block ", i, " has ", block.cols, " cols, block 0 has ", first.cols);
+    }
+    if (block.data == nullptr) return invalid("row block ", i, " has no data");
+    if (block.rows > (int64_t{1} << 40) / block.cols - rows) return invalid("weight too large");
+    rows += block.rows;
+  }
+  if (!spec.bias.empty() && static_cast<int64_t>(spec.bias.size()) != rows) {
+    return invalid("bias has ", spec.bias.size(), " values for ", rows, " output rows");
+  }
+  *k = first.cols;
+  *n = rows;
+  return absl::OkStatus();
+}
+
+class OneDnnBackend final : public Backend {
+ public:
+  explicit OneDnnBackend(dnnl::engine engine)
+      : engine_(std::move(engine)), cache_(std::make_shared<PrimitiveCache>(engine_)) {}
+
+  absl::string_view name() const override { return "onednn-cpu"; }
+
+  absl::StatusOr<std::unique_ptr<PackedLinear>> PackLinear(const LinearPackSpec& spec) override {
+    int64_t k = 0;
+    int64_t n = 0;
+    if (absl::Status status = ValidateSpec(spec, &k, &n); !status.ok()) return status;
+    try {
+      auto linear =
+          std::make_unique<OneDnnLinear>(spec.name, k, n, spec.compute_dtype, engine_, cache_);
+      linear->Pack(spec);
+      return std::unique_ptr<PackedLinear>(std::move(linear));
+    } catch (const dnnl::error& e) {
+      return absl::InternalError(absl::StrCat("PackLinear(", spec.name, "): oneDNN error (status ",
+                                              static_cast<int>(e.status), "): ", e.what()));
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("PackLinear(", spec.name, "): out of memory"));
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("PackLinear(", spec.name, "): ", e.what()));
+    }
+  }
+
+ private:
+  const dnnl::engine engine_;
+  const std::shared_ptr<PrimitiveCache> cache_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend() {
+  try {
+    return std::unique_ptr<Backend>(
+        std::make_unique<OneDnnBackend>(dnnl::engine(dnnl::engine::kind::cpu, 0)));
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(absl::StrCat("oneDNN CPU engine: ", e.what()));
+  }
+}
+
+}  // namespace kiln

@@ -1,0 +1,28 @@
+// The one door from weights to a runnable model: Bind → Restore → PostLoad → PreparedModel.
+// Every loader ends here (design.md §1, invariant 1).
+#pragma once
+
+#include <memory>
+#include <optional>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+#include "models/model_config.h"
+#include "models/prepared_model.h"
+#include "models/weight_source.h"
+
+namespace kiln {
+
+struct PostLoadOptions {
+  // Dtype weights are packed in. Unset: the checkpoint's (F32 → F32, BF16 → BF16, F16 → F32).
+  std::optional<DType> compute_dtype;
+};
+
+absl::StatusOr<std::unique_ptr<PreparedModel>> BuildPreparedModel(
+    WeightSource source, const ModelConfig& config, std::shared_ptr<Backend> backend,
+    const PostLoadOptions& options = {});
+
+// Number of PostLoad runs in this process (tests check that each load runs it exactly once).
+uint64_t PostLoadRunCount();
+
+}  // namespace kiln

@@ -1,0 +1,75 @@
+// What every loader yields: named tensor records with byte views, plus where they came from.
+// A loader never builds a model; models/lifecycle.h turns a WeightSource into one.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "kernels/backend.h"
+#include "kernels/dtype.h"
+
+namespace kiln {
+
+struct TensorRecord {
+  std::string name;
+  DType dtype = DType::kF32;
+  std::vector<int64_t> shape;
+  const std::byte* data = nullptr;  // shape-product × DTypeSize bytes; valid while the source lives
+  size_t byte_size = 0;
+  std::string origin;  // file it came from, for reports and errors
+
+  int64_t elements() const;
+};
+
+// How the bytes reached memory; chosen in one place per loader and logged.
+enum class LoadMode { kMmapZeroCopy, kRead, kReadConvert };
+absl::string_view LoadModeName(LoadMode mode);
+
+struct SourceProvenance {
+  std::string format;              // "safetensors", "tensorizer", ...
+  std::string format_version;      // free text, e.g. "tensorizer v4"
+  std::vector<std::string> files;  // files read, relative to the model root
+  LoadMode load_mode = LoadMode::kMmapZeroCopy;
+  bool hashes_verified = false;
+  bool encrypted = false;
+  uint64_t bytes_read = 0;  // payload bytes the loader exposed
+};
+
+// Owns (or keeps alive) the memory that the records point into. Move-only.
+class WeightSource {
+ public:
+  WeightSource() = default;
+  WeightSource(WeightSource&&) = default;
+  WeightSource& operator=(WeightSource&&) = default;
+  WeightSource(const WeightSource&) = delete;
+  WeightSource& operator=(const WeightSource&) = delete;
+
+  // Fails if a record with the same name exists already, naming both origins.
+  absl::Status Add(TensorRecord record);
+  // Keeps `backing` alive for as long as this source (a mapping, an owned buffer).
+  void KeepAlive(std::shared_ptr<const void> backing) { backing_.push_back(std::move(backing)); }
+
+  const std::vector<TensorRecord>& records() const { return records_; }
+  const TensorRecord* Find(absl::string_view name) const;
+  SourceProvenance& provenance() { return provenance_; }
+  const SourceProvenance& provenance() const { return provenance_; }
+
+  // Keeps the backing of another source alive and takes its records (for sidecar files).
+  absl::Status Merge(WeightSource other);
+
+ private:
+  std::vector<TensorRecord> records_;
+  absl::flat_hash_map<std::string, size_t> index_;
+  std::vector<std::shared_ptr<const void>> backing_;
+  SourceProvenance provenance_;
+};
+
+// A 2-D record as a WeightView; fails with the tensor named if it is not 2-D.
+absl::StatusOr<WeightView> AsMatrix(const TensorRecord& record);
+
+}  // namespace kiln

@@ -1,0 +1,305 @@
+// PackedLinear (oneDNN backend) against a double-precision reference.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <ostream>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "kernels/backend.h"
+
+namespace kiln {
+
+// Readable parameter names in gtest output.
+void PrintTo(DType dtype, std::ostream* os) { *os << DTypeName(dtype); }
+
+namespace {
+
+// A weight block stored in its checkpoint dtype at an odd (unaligned) address, plus the fp32
+// values it really holds after rounding to that dtype.
+struct StoredBlock {
+  std::vector<std::byte> storage;
+  std::vector<float> values;  // [rows, cols]
+  WeightView view;
+};
+
+StoredBlock MakeBlock(DType dtype, int64_t rows, int64_t cols, std::mt19937& rng) {
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  StoredBlock block;
+  block.values.resize(rows * cols);
+  for (float& v : block.values) v = dist(rng);
+  block.storage.resize(rows * cols * DTypeSize(dtype) + 1);
+  std::byte* data = block.storage.data() + 1;
+  ConvertFromF32(dtype, block.values.data(), rows * cols, data);
+  ConvertToF32(dtype, data, rows * cols, block.values.data());
+  block.view = WeightView{dtype, rows, cols, data};
+  return block;
+}
+
+float RoundBF16(float v) { return BF16ToF32(F32ToBF16(v)); }
+
+struct Problem {
+  DType compute = DType::kF32;
+  int64_t k = 0;
+  std::vector<StoredBlock> blocks;
+  std::vector<float> bias;
+  std::vector<float> w;  // stacked [n, k] values as stored
+  int64_t n = 0;
+
+  LinearPackSpec Spec(const std::string& name) const {
+    LinearPackSpec spec;
+    spec.name = name;
+    for (const StoredBlock& b : blocks) spec.row_blocks.push_back(b.view);
+    spec.bias = bias;
+    spec.compute_dtype = compute;
+    return spec;
+  }
+};
+
+Problem MakeProblem(DType compute, DType source, int64_t k, const std::vector<int64_t>& rows,
+                    bool bias, uint32_t seed) {
+  std::mt19937 rng(seed);
+  Problem p;
+  p.compute = compute;
+  p.k = k;
+  for (int64_t r : rows) {
+    p.blocks.push_back(MakeBlock(source, r, k, rng));
+    p.w.insert(p.w.end(), p.blocks.back().values.begin(), p.blocks.back().values.end());
+    p.n += r;
+  }
+  if (bias) {
+    std::uniform_real_distribution<float> dist(-2.0f, 2.0f);
+    p.bias.resize(p.n);
+    for (float& b : p.bias) b = dist(rng);
+  }
+  return p;
+}
+
+std::vector<float> RandomInput(int64_t count, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
+  std::vector<float> x(count);
+  for (float& v : x) v = dist(rng);
+  return x;
+}
+
+// Reference: for bf16 compute, x and W rounded to bf16 as the kernel does; products summed in
+// double. Tolerance: 1e-5 · (Σ_k |x||w| + |bias|) — fp32 accumulation over K ≤ 896 terms stays
+// well inside that, while a wrong element, transposition or dropped block is off by O(1).
+void ExpectMatchesReference(const Problem& p, const std::vector<float>& x, int64_t m,
+                            const float* y) {
+  const bool bf16 = p.compute == DType::kBF16;
+  int failures = 0;
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < p.n; ++j) {
+      double sum = 0.0;
+      double magnitude = 0.0;
+      for (int64_t c = 0; c < p.k; ++c) {
+        const double xv = bf16 ? RoundBF16(x[i * p.k + c]) : x[i * p.k + c];
+        const double wv = bf16 ? RoundBF16(p.w[j * p.k + c]) : p.w[j * p.k + c];
+        sum += xv * wv;
+        magnitude += std::abs(xv * wv);
+      }
+      if (!p.bias.empty()) {
+        sum += p.bias[j];
+        magnitude += std::abs(p.bias[j]);
+      }
+      const double tolerance = 1e-5 * magnitude + 1e-6;
+      if (std::abs(y[i * p.n + j] - sum) > tolerance && ++failures <= 5) {
+        ADD_FAILURE() << "y[" << i << ", " << j << "] = " << y[i * p.n + j] << ", expected " << sum
+                      << " ± " << tolerance;
+      }
+    }
+  }
+  EXPECT_EQ(failures, 0);
+}
+
+// Runs Forward for each M with a misaligned-by-one-float x and y and checks y and that nothing
+// past the m·n outputs was written.
+void CheckForward(const PackedLinear& linear, const Problem& p, const std::vector<int64_t>& ms) {
+  for (int64_t m : ms) {
+    SCOPED_TRACE(testing::Message() << "M=" << m);
+    std::vector<float> x_storage = RandomInput(m * p.k + 1, static_cast<uint32_t>(m * 7 + 1));
+    std::vector<float> x(x_storage.begin() + 1, x_storage.end());
+    std::vector<float> y_storage(m * p.n + 1 + 16, -777.0f);
+    float* y = y_storage.data() + 1;
+    ASSERT_TRUE(linear.Forward(x_storage.data() + 1, m, y).ok());
+    ExpectMatchesReference(p, x, m, y);
+    for (int64_t i = m * p.n; i < m * p.n + 16; ++i) ASSERT_EQ(y[i], -777.0f) << "overrun";
+  }
+}
+
+std::unique_ptr<Backend> MakeBackend() {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
+  EXPECT_TRUE(backend.ok()) << backend.status();
+  return backend.ok() ? std::move(*backend) : nullptr;
+}
+
+struct Shape {
+  int64_t k;
+  std::vector<int64_t> rows;  // row blocks, stacked
+};
+
+class PackedLinearTest : public testing::TestWithParam<DType> {};
+
+TEST_P(PackedLinearTest, MatchesReferenceForSmallShapes) {
+  std::unique_ptr<Backend> backend = MakeBackend();
+  ASSERT_NE(backend, nullptr);
+  const std::vector<Shape> shapes = {
+      {72, {33}}, {72, {16, 8, 9}}, {33, {7, 5}}, {1, {1}}, {130, {64, 64, 3}}};
+  uint32_t seed = 1;
+  for (const Shape& shape : shapes) {
+    for (DType source : {DType::kF32, DType::kF16, DType::kBF16}) {
+      for (bool bias : {false, true}) {
+        SCOPED_TRACE(testing::Message() << "K=" << shape.k << " blocks=" << shape.rows.size()
+                                        << " source=" << DTypeName(source) << " bias=" << bias);
+        Problem p = MakeProblem(GetParam(), source, shape.k, shape.rows, bias, seed++);
+        auto linear = backend->PackLinear(p.Spec("test.small"));
+        ASSERT_TRUE(linear.ok()) << linear.status();
+        EXPECT_EQ((*linear)->in_features(), shape.k);
+        EXPECT_EQ((*linear)->out_features(), p.n);
+        EXPECT_EQ((*linear)->compute_dtype(), GetParam());
+        EXPECT_GE((*linear)->packed_bytes(), p.n * p.k * DTypeSize(GetParam()));
+        EXPECT_FALSE((*linear)->kernel_name().empty());
+        CheckForward(**linear, p, {1, 2, 7, 16, 64, 300});
+      }
+    }
+  }
+}
+
+// Qwen2-0.5B's fused q/k/v: 896 inputs, 14·64 + 2·64 + 2·64 outputs, with bias.
+TEST_P(PackedLinearTest, MatchesReferenceForFusedQkv) {
+  std::unique_ptr<Backend> backend = MakeBackend();
+  ASSERT_NE(backend, nullptr);
+  for (DType source : {DType::kBF16, DType::kF32}) {
+    SCOPED_TRACE(DTypeName(source));
+    Problem p = MakeProblem(GetParam(), source, 896, {896, 128, 128}, true, 99);
+    auto linear = backend->PackLinear(p.Spec("layers.0.qkv"));
+    ASSERT_TRUE(linear.ok()) << linear.status();
+    CheckForward(**linear, p, {1, 7, 300});
+  }
+}
+
+TEST_P(PackedLinearTest, ZeroRowsIsANoOpAndNegativeIsAnError) {
+  std::unique_ptr<Backend> backend = MakeBackend();
+  ASSERT_NE(backend, nullptr);
+  Problem p = MakeProblem(GetParam(), DType::kF32, 16, {8}, false, 5);
+  auto linear = backend->PackLinear(p.Spec("test.edge"));
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  float y = 3.0f;
+  EXPECT_TRUE((*linear)->Forward(nullptr, 0, &y).ok());
+  EXPECT_EQ(y, 3.0f);
+  absl::Status negative = (*linear)->Forward(&y, -1, &y);
+  EXPECT_EQ(negative.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(negative.message().find("test.edge"), std::string::npos);
+  EXPECT_EQ((*linear)->Forward(nullptr, 1, &y).code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Several threads share one layer (and the backend's primitive cache) with different M; each
+// result must be bit-identical to the serial one.
+TEST_P(PackedLinearTest, ConcurrentForwardMatchesSerial) {
+  std::unique_ptr<Backend> backend = MakeBackend();
+  ASSERT_NE(backend, nullptr);
+  Problem p = MakeProblem(GetParam(), DType::kBF16, 896, {896, 128, 128}, true, 7);
+  auto packed = backend->PackLinear(p.Spec("test.concurrent"));
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  const PackedLinear& linear = **packed;
+  const std::vector<int64_t> ms = {1, 3, 17, 64, 300, 2, 1, 40};
+  std::vector<std::vector<float>> inputs;
+  std::vector<std::vector<float>> serial;
+  for (size_t i = 0; i < ms.size(); ++i) {
+    inputs.push_back(RandomInput(ms[i] * p.k, static_cast<uint32_t>(100 + i)));
+    serial.emplace_back(ms[i] * p.n);
+    ASSERT_TRUE(linear.Forward(inputs[i].data(), ms[i], serial[i].data()).ok());
+  }
+  constexpr int kThreads = 4;
+  constexpr int kRounds = 3;
+  std::vector<std::vector<std::vector<float>>> results(kThreads);
+  std::vector<int> errors(kThreads, 0);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      for (int round = 0; round < kRounds; ++round) {
+        for (size_t j = 0; j < ms.size(); ++j) {
+          const size_t i = (j + static_cast<size_t>(t) * 3) % ms.size();  // different M at once
+          std::vector<float> y(ms[i] * p.n);
+          if (!linear.Forward(inputs[i].data(), ms[i], y.data()).ok()) ++errors[t];
+          if (y != serial[i]) ++errors[t];
+        }
+      }
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (int t = 0; t < kThreads; ++t) EXPECT_EQ(errors[t], 0) << "thread " << t;
+  ExpectMatchesReference(p, inputs[2], ms[2], serial[2].data());
+}
+
+INSTANTIATE_TEST_SUITE_P(ComputeDTypes, PackedLinearTest,
+                         testing::Values(DType::kF32, DType::kBF16),
+                         [](const testing::TestParamInfo<DType>& info) {
+                           return std::string(DTypeName(info.param));
+                         });
+
+TEST(PackedLinearSpecTest, InvalidSpecsAreErrorsNamingTheLayer) {
+  std::unique_ptr<Backend> backend = MakeBackend();
+  ASSERT_NE(backend, nullptr);
+  std::vector<float> data(64, 1.0f);
+  const auto* bytes = reinterpret_cast<const std::byte*>(data.data());
+  const WeightView good{DType::kF32, 4, 8, bytes};
+  auto expect_invalid = [&](LinearPackSpec spec, const char* what) {
+    SCOPED_TRACE(what);
+    spec.name = "bad.layer";
+    auto result = backend->PackLinear(spec);
+    ASSERT_FALSE(result.ok());
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(result.status().message().find("bad.layer"), std::string::npos) << result.status();
+  };
+  expect_invalid(LinearPackSpec{}, "no blocks");
+  expect_invalid({"", {good, WeightView{DType::kF32, 4, 7, bytes}}, {}, DType::kF32},
+                 "cols differ");
+  expect_invalid({"", {good, WeightView{DType::kBF16, 4, 8, bytes}}, {}, DType::kF32},
+                 "dtypes differ");
+  expect_invalid({"", {good}, std::vector<float>(3, 0.0f), DType::kF32}, "bias length");
+  expect_invalid({"", {good, good}, std::vector<float>(4, 0.0f), DType::kF32},
+                 "bias covers one block");
+  expect_invalid({"", {good}, {}, DType::kF16}, "f16 compute");
+  expect_invalid({"", {good}, {}, static_cast<DType>(9)}, "unknown compute dtype");
+  expect_invalid({"", {WeightView{DType::kF32, 0, 8, bytes}}, {}, DType::kF32}, "zero rows");
+  expect_invalid({"", {WeightView{DType::kF32, 4, 0, bytes}}, {}, DType::kF32}, "zero cols");
+  expect_invalid({"", {WeightView{DType::kF32, 4, 8, nullptr}}, {}, DType::kF32}, "null data");
+  expect_invalid({"", {WeightView{static_cast<DType>(7), 4, 8, bytes}}, {}, DType::kF32},
+                 "unknown source dtype");
+}
+
+// The decode-critical shape must run on oneDNN's brgemm kernels. Seen on this machine (oneDNN
+// 2.6.3, AVX-512 + AMX), with blocked weights BA16a64b2a (bf16) / BA16a64b (f32):
+//   bf16, M = 1: "brg:avx512_core_bf16" (oneDNN's first choice is "brg:avx512_core_amx_bf16";
+//                the backend takes the AVX-512 brgemm for M <= 4, where it is faster);
+//   bf16, M >= 5: "brg:avx512_core_amx_bf16";   f32: "brg:avx512_core".
+TEST(PackedLinearKernelTest, TypicalLlmShapeUsesBrgemm) {
+  if (!__builtin_cpu_supports("avx512f") || !__builtin_cpu_supports("avx512bw") ||
+      !__builtin_cpu_supports("avx512vl") || !__builtin_cpu_supports("avx512dq")) {
+    GTEST_SKIP() << "oneDNN's brgemm matmul needs AVX-512 (avx512_core)";
+  }
+  std::unique_ptr<Backend> backend = MakeBackend();
+  ASSERT_NE(backend, nullptr);
+  std::vector<DType> dtypes = {DType::kF32};
+  if (__builtin_cpu_supports("avx512bf16")) {
+    dtypes.push_back(DType::kBF16);
+  }
+  for (DType compute : dtypes) {
+    Problem p = MakeProblem(compute, DType::kBF16, 896, {1152}, false, 3);
+    auto linear = backend->PackLinear(p.Spec("test.brgemm"));
+    ASSERT_TRUE(linear.ok()) << linear.status();
+    EXPECT_EQ((*linear)->kernel_name().rfind("brg", 0), 0u)
+        << DTypeName(compute) << ": " << (*linear)->kernel_name();
+    CheckForward(**linear, p, {1});
+  }
+}
+
+}  // namespace
+}  // namespace kiln
