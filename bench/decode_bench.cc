@@ -16,6 +16,7 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "base/logging.h"
 #include "clients/synth.h"
 #include "loaders/load_model.h"
 
@@ -202,5 +203,7 @@ int Main() {
 
 int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
+  google::InitGoogleLogging(argv[0]);
+  FLAGS_logtostderr = true;
   return kiln::Main();
 }

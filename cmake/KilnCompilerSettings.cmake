@@ -10,8 +10,12 @@ target_compile_options(kiln_options INTERFACE -Wall -Wextra -Wpedantic -Wno-miss
 if(KILN_WERROR)
   target_compile_options(kiln_options INTERFACE -Werror)
 endif()
-# The CPU kernels rely on the host's vector units (AVX-512 where present).
-target_compile_options(kiln_options INTERFACE -march=native)
+# kiln's own kernels are compiled for the build machine's vector units (AVX-512 where present);
+# oneDNN picks its kernels at run time either way. Turn off for binaries that must run elsewhere.
+option(KILN_NATIVE_ARCH "Compile kiln's kernels for the build machine (-march=native)" ON)
+if(KILN_NATIVE_ARCH)
+  target_compile_options(kiln_options INTERFACE -march=native)
+endif()
 if(KILN_SANITIZE)
   target_compile_options(kiln_options INTERFACE -fsanitize=address,undefined -fno-omit-frame-pointer
                                                  -fno-sanitize-recover=undefined)

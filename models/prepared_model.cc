@@ -64,8 +64,14 @@ absl::Status PreparedModel::Forward(std::span<const SequenceChunk> chunks,
   const int64_t inter = c.intermediate_size;
 
   int64_t total = 0;
-  for (const SequenceChunk& chunk : chunks) {
+  for (size_t i = 0; i < chunks.size(); ++i) {
+    const SequenceChunk& chunk = chunks[i];
     if (chunk.cache == nullptr) return absl::InvalidArgumentError("sequence without a KV cache");
+    for (size_t j = 0; j < i; ++j) {
+      if (chunks[j].cache == chunk.cache) {
+        return absl::InvalidArgumentError("two chunks of one step share a KV cache");
+      }
+    }
     if (chunk.tokens.empty()) return absl::InvalidArgumentError("sequence chunk with no tokens");
     const int64_t end = chunk.cache->length() + static_cast<int64_t>(chunk.tokens.size());
     if (end > chunk.cache->capacity()) {
