@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "base/status_macros.h"
+#include "clients/synth_tokenizer.h"
 #include "loaders/safetensors_writer.h"
 #include "models/manifest.h"
 
@@ -63,8 +64,8 @@ absl::StatusOr<ModelConfig> SynthPresetConfig(absl::string_view preset) {
     c = Base(Architecture::kLlama, "LlamaForCausalLM");
     c.hidden_size = 256, c.intermediate_size = 768, c.num_hidden_layers = 4;
     c.num_attention_heads = 8, c.num_key_value_heads = 2, c.head_dim = 32;
-    c.vocab_size = 4096, c.max_position_embeddings = 2048, c.rms_norm_eps = 1e-5;
-    c.rope_theta = 10000.0;
+    c.vocab_size = 512, c.max_position_embeddings = 2048, c.rms_norm_eps = 1e-5;
+    c.rope_theta = 10000.0, c.eos_token_ids = {SynthEosTokenId(c.vocab_size)};
   } else if (preset == "qwen2.5-0.5b") {
     c = Base(Architecture::kQwen2, "Qwen2ForCausalLM");
     c.hidden_size = 896, c.intermediate_size = 4864, c.num_hidden_layers = 24;
@@ -138,8 +139,12 @@ absl::Status WriteSynthCheckpoint(const std::filesystem::path& dir, const ModelC
                                                        : "float32";
   std::ofstream out(dir / "config.json", std::ios::binary | std::ios::trunc);
   out << ModelConfigToJson(written);
-  if (!out)
+  if (!out) {
     return absl::InternalError(absl::StrCat("cannot write ", (dir / "config.json").string()));
+  }
+  if (options.write_tokenizer && config.vocab_size <= kMaxSynthTokenizerVocab) {
+    KILN_RETURN_IF_ERROR(WriteSynthTokenizer(dir, config.vocab_size));
+  }
   return absl::OkStatus();
 }
 

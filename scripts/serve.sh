@@ -1,18 +1,21 @@
 #!/usr/bin/env bash
-# Installs what is missing, builds the release preset, writes the embedded default model
-# (a small deterministic one made by `kiln synth`) and runs it.
+# Installs what is missing, builds the release preset, writes the embedded default model (a
+# small deterministic model made by `kiln synth`, with a byte-level BPE tokenizer) and starts
+# kiln-server on 127.0.0.1:50051 with it loaded as "default". Extra arguments go to kiln-server.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
 
 export CCACHE_DIR=${CCACHE_DIR:-$PWD/build/ccache}
 cmake --preset release >/dev/null
-cmake --build --preset release -j "$(nproc)" --target kiln
+cmake --build --preset release -j "$(nproc)" --target kiln kiln-server
 
-model=models-cache/kiln-tiny
-if [[ ! -f $model/config.json ]]; then
+root=$PWD/models-cache
+model=$root/kiln-tiny
+if [[ ! -f $model/tokenizer.json ]]; then
   build/release/clients/kiln synth --preset kiln-tiny --dtype bf16 --out "$model"
 fi
-echo "kiln: default model ready at $model"
-echo "try: build/release/clients/kiln run --model $model --prompt_ids 1,2,3,4,5 --max_tokens 32"
-exec build/release/clients/kiln run --model "$model" --prompt_ids 1,2,3,4,5 --max_tokens 32 "$@"
+echo "kiln: try, from another terminal:"
+echo "  build/release/clients/kiln generate --model default --prompt 'The kiln is' --max_tokens 32"
+exec build/release/server/kiln-server --listen 127.0.0.1:50051 --model-root "$root" \
+  --model "default=$model" "$@"

@@ -12,8 +12,12 @@ packages=(
   libdnnl-dev ocl-icd-opencl-dev opencl-headers
   # abseil (Status, flags, strings, containers), glog (logging), JSON, OpenSSL (SHA-256)
   libabsl-dev libgoogle-glog-dev nlohmann-json3-dev libssl-dev
+  # tokenizers: PCRE2 (split regexes), utf8proc (Unicode normalization), simdjson (fast tokenizer.json)
+  libpcre2-dev libutf8proc-dev libsimdjson-dev
   # tests: GoogleTest, libtorch (the independent reference forward)
   libgtest-dev googletest libtorch-dev
+  # end-to-end test (tests/e2e): Debian's Python gRPC and Protobuf for /usr/bin/python3
+  python3-grpcio python3-protobuf
 )
 
 missing=()

@@ -1,0 +1,55 @@
+#include "clients/cli_flags.h"
+
+#include "absl/flags/flag.h"
+
+ABSL_FLAG(std::string, preset, "kiln-tiny", "model shape to write (synth)");
+ABSL_FLAG(std::string, out, "", "directory to write the checkpoint into (synth)");
+ABSL_FLAG(std::string, dtype, "",
+          "synth: weight dtype (bf16, f32, f16; default bf16); run and models load: compute dtype "
+          "(bf16 or f32; default: the checkpoint's)");
+ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
+          "synth: random seed (default 0); generate: sampling seed (default: the server picks)");
+ABSL_FLAG(uint64_t, max_shard_bytes, uint64_t{1} << 30, "shard the checkpoint above this size");
+
+ABSL_FLAG(std::string, server, "127.0.0.1:50051", "kiln-server address, HOST:PORT");
+ABSL_FLAG(double, timeout, 0, "deadline of the call in seconds; 0 = none");
+ABSL_FLAG(std::string, tls_ca, "",
+          "connect with TLS, trusting the CA certificates (PEM) in this file");
+ABSL_FLAG(bool, tls, false, "connect with TLS, trusting the system's CA certificates");
+ABSL_FLAG(std::string, admin_token, "",
+          "token sent as \"authorization: Bearer TOKEN\" on Models calls");
+ABSL_FLAG(std::string, admin_token_file, "",
+          "file holding the admin token (surrounding whitespace is ignored)");
+
+ABSL_FLAG(std::string, model, "",
+          "run: model directory; generate and tokenize: name of a loaded model");
+ABSL_FLAG(std::string, prompt, "", "text prompt");
+ABSL_FLAG(std::string, prompt_ids, "",
+          "prompt as comma-separated token ids (run: default 1,2,3,4,5)");
+ABSL_FLAG(std::optional<int32_t>, max_tokens, std::nullopt,
+          "tokens to generate (generate: default the server's; run: default 16)");
+ABSL_FLAG(float, temperature, 0, "sampling temperature; 0 = greedy");
+ABSL_FLAG(int32_t, top_k, 0, "sample from the k most likely tokens; 0 = off");
+ABSL_FLAG(std::optional<float>, top_p, std::nullopt, "nucleus sampling mass; unset = off");
+ABSL_FLAG(float, min_p, 0, "drop tokens below min_p times the top probability; 0 = off");
+ABSL_FLAG(std::optional<float>, repetition_penalty, std::nullopt,
+          "penalty for tokens already seen; unset = off");
+ABSL_FLAG(float, presence_penalty, 0, "presence penalty");
+ABSL_FLAG(float, frequency_penalty, 0, "frequency penalty");
+ABSL_FLAG(std::string, stop, "",
+          "stop string, not included in the output; repeat the flag or separate with commas; "
+          "C escapes such as \\n are understood");
+ABSL_FLAG(std::string, stop_token_ids, "", "comma-separated token ids that end generation");
+ABSL_FLAG(bool, ignore_eos, false, "keep generating past the end-of-sequence token");
+ABSL_FLAG(int32_t, logprobs, 0, "print the top-N log-probabilities of each token (stderr)");
+ABSL_FLAG(bool, add_special_tokens, false,
+          "text prompts: add BOS and the tokenizer's special tokens");
+ABSL_FLAG(int32_t, draft_tokens, 0, "speculative decoding: draft tokens per step; 0 = off");
+ABSL_FLAG(bool, ids, false, "also print the generated token ids");
+
+ABSL_FLAG(std::string, text, "", "text to tokenize");
+ABSL_FLAG(std::string, service, "", "health service name; empty = the whole server");
+ABSL_FLAG(bool, wait, false, "health: wait for the server to come up (bounded by --timeout)");
+ABSL_FLAG(std::string, format, "", "checkpoint format; empty = detect");
+ABSL_FLAG(bool, json, false, "print the reply as JSON");
+ABSL_FLAG(bool, verbose, false, "models get: also list every placed tensor");

@@ -1,0 +1,119 @@
+// `kiln synth` and `kiln run`: commands that work without a server.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/strings/str_join.h"
+#include "clients/cli.h"
+#include "clients/cli_flags.h"
+#include "clients/synth.h"
+#include "loaders/load_model.h"
+
+namespace kiln::cli {
+namespace {
+
+int Fail(const absl::Status& status) {
+  std::cerr << "kiln: " << status.message() << "\n";
+  return kExitError;
+}
+
+absl::StatusOr<DType> ParseDType(const std::string& text) {
+  if (text == "bf16" || text == "bfloat16") return DType::kBF16;
+  if (text == "f32" || text == "fp32" || text == "float32") return DType::kF32;
+  if (text == "f16" || text == "fp16" || text == "float16") return DType::kF16;
+  return absl::InvalidArgumentError("--dtype must be bf16, f32 or f16, not \"" + text + "\"");
+}
+
+}  // namespace
+
+int Synth(const Args& args) {
+  if (absl::Status status = ExpectArgs(args, 0, "no arguments"); !status.ok()) {
+    return UsageError("synth", status.message());
+  }
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (out.empty()) return UsageError("synth", "synth needs --out DIR");
+  absl::StatusOr<ModelConfig> config = SynthPresetConfig(absl::GetFlag(FLAGS_preset));
+  if (!config.ok()) return Fail(config.status());
+  SynthOptions options;
+  if (!absl::GetFlag(FLAGS_dtype).empty()) {
+    absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
+    if (!dtype.ok()) return UsageError("synth", dtype.status().message());
+    options.dtype = *dtype;
+  }
+  options.seed = absl::GetFlag(FLAGS_seed).value_or(0);
+  options.max_shard_bytes = absl::GetFlag(FLAGS_max_shard_bytes);
+  if (absl::Status status = WriteSynthCheckpoint(out, *config, options); !status.ok()) {
+    return Fail(status);
+  }
+  std::cout << "wrote " << absl::GetFlag(FLAGS_preset) << " (" << DTypeName(options.dtype)
+            << ") to " << out << "\n";
+  return kExitOk;
+}
+
+int Run(const Args& args) {
+  if (absl::Status status = ExpectArgs(args, 0, "no arguments"); !status.ok()) {
+    return UsageError("run", status.message());
+  }
+  const std::string model_dir = absl::GetFlag(FLAGS_model);
+  if (model_dir.empty()) return UsageError("run", "run needs --model DIR");
+  std::string prompt_text = absl::GetFlag(FLAGS_prompt_ids);
+  if (prompt_text.empty()) prompt_text = "1,2,3,4,5";
+  absl::StatusOr<std::vector<int32_t>> prompt = ParseIds(prompt_text, "prompt_ids");
+  if (!prompt.ok()) return UsageError("run", prompt.status().message());
+  if (prompt->empty()) return UsageError("run", "--prompt_ids is empty");
+  LoadOptions options;
+  if (!absl::GetFlag(FLAGS_dtype).empty()) {
+    absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
+    if (!dtype.ok()) return UsageError("run", dtype.status().message());
+    options.compute_dtype = *dtype;
+  }
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
+  if (!backend.ok()) return Fail(backend.status());
+  absl::StatusOr<std::unique_ptr<PreparedModel>> model =
+      LoadModel(model_dir, std::shared_ptr<Backend>(std::move(*backend)), options);
+  if (!model.ok()) return Fail(model.status());
+  const ModelConfig& config = (*model)->config();
+  const int32_t max_tokens = std::max(0, absl::GetFlag(FLAGS_max_tokens).value_or(16));
+  absl::StatusOr<KvCache> cache =
+      (*model)->NewCache(static_cast<int64_t>(prompt->size()) + max_tokens);
+  if (!cache.ok()) return Fail(cache.status());
+
+  std::vector<int32_t> generated;
+  std::vector<float> logits;
+  std::vector<int32_t> step = *prompt;
+  const auto start = std::chrono::steady_clock::now();
+  double first_token_seconds = 0;
+  for (int32_t i = 0; i < max_tokens; ++i) {
+    logits.clear();
+    SequenceChunk chunk{&*cache, step, false};
+    if (absl::Status status = (*model)->Forward({&chunk, 1}, &logits); !status.ok())
+      return Fail(status);
+    const int32_t next =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    generated.push_back(next);
+    if (i == 0)
+      first_token_seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    if (std::find(config.eos_token_ids.begin(), config.eos_token_ids.end(), next) !=
+        config.eos_token_ids.end())
+      break;
+    step = {next};
+  }
+  const double total =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "model " << config.architecture_name << " from " << model_dir << "\n"
+            << "prompt ids:    " << absl::StrJoin(*prompt, ",") << "\n"
+            << "generated ids: " << absl::StrJoin(generated, ",") << "\n";
+  if (generated.size() > 1) {
+    std::printf("first token %.1f ms, then %.1f tokens/s\n", first_token_seconds * 1e3,
+                static_cast<double>(generated.size() - 1) / (total - first_token_seconds));
+  }
+  return kExitOk;
+}
+
+}  // namespace kiln::cli

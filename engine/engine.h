@@ -1,0 +1,120 @@
+// One step loop per model (design.md §2): each step admits waiting requests, runs prefill chunks
+// and decode tokens of every running sequence in one batched forward, samples, and streams
+// updates out. Cancelled or finished sequences free their KV cache at the next step.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/sampling.h"
+#include "models/prepared_model.h"
+#include "tokenizer/tokenizer.h"
+
+namespace kiln {
+
+struct StoppingParams {
+  int32_t max_tokens = 16;
+  std::vector<std::string> stop;        // stop strings (need a tokenizer); not part of the output
+  std::vector<int32_t> stop_token_ids;  // end generation; the id is part of the output
+  bool ignore_eos = false;
+};
+
+struct GenerationRequest {
+  std::vector<int32_t> prompt;
+  SamplingParams sampling;
+  StoppingParams stopping;
+  int32_t logprobs = 0;  // top-n log-probabilities per token; 0 = none
+};
+
+enum class FinishReason { kNone, kLength, kStop, kEos, kCancelled };
+
+struct GenerationUpdate {
+  std::vector<int32_t> token_ids;  // new tokens
+  std::string text;                // their text (complete UTF-8, stop strings removed)
+  std::vector<SampledToken> logprobs;
+  FinishReason finish = FinishReason::kNone;  // set on the last update
+  absl::Status status;                        // an error ends the stream (finish stays kNone)
+  int32_t prompt_tokens = 0;
+  int32_t completion_tokens = 0;
+  double time_to_first_token_seconds = 0;
+  double total_seconds = 0;
+};
+
+// Called on the engine's thread; must return quickly (e.g. push into a queue).
+using UpdateCallback = std::function<void(GenerationUpdate)>;
+
+struct EngineOptions {
+  int32_t max_running = 16;       // sequences in one batched step
+  int32_t max_queued = 64;        // waiting requests beyond which Submit is refused
+  int32_t max_step_tokens = 512;  // prompt tokens prefilled per step (chunked prefill)
+  int64_t max_context = 4096;     // prompt + output tokens of one sequence
+  uint64_t seed = 0;              // seeds requests that bring no seed of their own
+};
+
+struct EngineStats {
+  int32_t running = 0;
+  int32_t waiting = 0;
+  uint64_t kv_cache_bytes = 0;  // held by running sequences
+  uint64_t steps = 0;
+};
+
+class Engine {
+ public:
+  // `tokenizer` may be null: then updates carry no text and stop strings are refused.
+  static absl::StatusOr<std::unique_ptr<Engine>> Create(std::shared_ptr<const PreparedModel> model,
+                                                        std::shared_ptr<const Tokenizer> tokenizer,
+                                                        const EngineOptions& options);
+  // Cancels whatever is still running or waiting, then stops the loop.
+  ~Engine();
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+
+  // Queues a request. InvalidArgument names a bad field; ResourceExhausted when the queue is
+  // full; FailedPrecondition after Shutdown. Returns the request's id.
+  absl::StatusOr<uint64_t> Submit(GenerationRequest request, UpdateCallback on_update);
+  // The request's stream ends with FinishReason::kCancelled within one step. Unknown ids are
+  // ignored (the request may have finished already).
+  void Cancel(uint64_t request_id);
+  // Refuses new requests; `drain` lets running and queued ones finish, otherwise they are
+  // cancelled. Returns when the loop has stopped.
+  void Shutdown(bool drain);
+
+  EngineStats stats() const;
+  const PreparedModel& model() const { return *model_; }
+
+ private:
+  struct Sequence;
+  Engine(std::shared_ptr<const PreparedModel> model, std::shared_ptr<const Tokenizer> tokenizer,
+         const EngineOptions& options);
+  void Loop();
+  bool Step();  // false when there is nothing to do
+  void Admit();
+  void Finish(Sequence& sequence, FinishReason reason, absl::Status status);
+
+  std::shared_ptr<const PreparedModel> model_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  EngineOptions options_;
+
+  mutable absl::Mutex mutex_;
+  std::deque<std::unique_ptr<Sequence>> waiting_ ABSL_GUARDED_BY(mutex_);
+  std::vector<uint64_t> cancelled_ ABSL_GUARDED_BY(mutex_);
+  bool accepting_ ABSL_GUARDED_BY(mutex_) = true;
+  bool stop_ ABSL_GUARDED_BY(mutex_) = false;
+  bool drain_ ABSL_GUARDED_BY(mutex_) = true;
+  uint64_t next_id_ ABSL_GUARDED_BY(mutex_) = 1;
+  EngineStats stats_ ABSL_GUARDED_BY(mutex_);
+
+  // Owned by the loop thread.
+  std::vector<std::unique_ptr<Sequence>> running_;
+  std::thread thread_;
+};
+
+}  // namespace kiln

@@ -1,0 +1,142 @@
+#include "server/config.h"
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "google/protobuf/io/tokenizer.h"
+#include "google/protobuf/text_format.h"
+
+namespace kiln {
+namespace {
+
+// Collects text-format parse errors with their position.
+class ErrorCollector final : public google::protobuf::io::ErrorCollector {
+ public:
+  void AddError(int line, google::protobuf::io::ColumnNumber column,
+                const std::string& message) override {
+    if (!errors_.empty()) errors_ += "; ";
+    absl::StrAppend(&errors_, line + 1, ":", column + 1, ": ", message);
+  }
+  void AddWarning(int line, google::protobuf::io::ColumnNumber column,
+                  const std::string& message) override {
+    AddError(line, column, message);
+  }
+  const std::string& errors() const { return errors_; }
+
+ private:
+  std::string errors_;
+};
+
+std::string Rebase(const std::string& base_dir, const std::string& path) {
+  if (base_dir.empty() || path.empty() || std::filesystem::path(path).is_absolute()) return path;
+  return (std::filesystem::path(base_dir) / path).string();
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ServerConfig> ParseServerConfig(absl::string_view text,
+                                                   absl::string_view file_name) {
+  v1::ServerConfig config;
+  ErrorCollector errors;
+  google::protobuf::TextFormat::Parser parser;
+  parser.RecordErrorsTo(&errors);
+  if (!parser.ParseFromString(std::string(text), &config)) {
+    return absl::InvalidArgumentError(absl::StrCat(file_name, ":", errors.errors()));
+  }
+  return config;
+}
+
+absl::StatusOr<v1::ServerConfig> ReadServerConfig(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat("config file ", path, " cannot be read"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return ParseServerConfig(text, path);
+}
+
+absl::Status ApplyServerConfig(const v1::ServerConfig& config, const std::string& base_dir,
+                               ServerOptions* options) {
+  if (!config.listen().empty()) options->listen = config.listen();
+  for (const std::string& root : config.model_roots()) {
+    options->model_roots.push_back(Rebase(base_dir, root));
+  }
+  for (const v1::ModelConfigEntry& model : config.models()) {
+    if (model.name().empty() || model.path().empty()) {
+      return absl::InvalidArgumentError("models: every entry needs a name and a path");
+    }
+    AddOrReplaceModel({model.name(), model.path(), model.format(), model.dtype()},
+                      &options->models);
+  }
+  if (config.max_queued_requests() < 0 || config.max_running_sequences() < 0 ||
+      config.max_context() < 0 || config.default_max_tokens() < 0) {
+    return absl::InvalidArgumentError(
+        "max_queued_requests, max_running_sequences, max_context and default_max_tokens must "
+        "not be negative");
+  }
+  if (config.max_queued_requests() > 0) options->engine.max_queued = config.max_queued_requests();
+  if (config.max_running_sequences() > 0) {
+    options->engine.max_running = config.max_running_sequences();
+  }
+  if (config.max_context() > 0) options->engine.max_context = config.max_context();
+  if (config.default_max_tokens() > 0) options->default_max_tokens = config.default_max_tokens();
+  if (!config.admin_token_file().empty()) {
+    options->admin_token_file = Rebase(base_dir, config.admin_token_file());
+  }
+  if (!config.tls_cert_file().empty())
+    options->tls_cert_file = Rebase(base_dir, config.tls_cert_file());
+  if (!config.tls_key_file().empty())
+    options->tls_key_file = Rebase(base_dir, config.tls_key_file());
+  return absl::OkStatus();
+}
+
+absl::StatusOr<ModelSpec> ParseModelFlag(absl::string_view text) {
+  const size_t eq = text.find('=');
+  if (eq == absl::string_view::npos || eq == 0 || eq + 1 == text.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--model '", text, "' is not NAME=PATH (e.g. --model default=models/tiny)"));
+  }
+  ModelSpec spec;
+  spec.name = std::string(text.substr(0, eq));
+  spec.path = std::string(text.substr(eq + 1));
+  return spec;
+}
+
+std::vector<std::string> CollectRepeatedFlag(int argc, char** argv, absl::string_view name,
+                                             bool split_commas) {
+  std::vector<std::string> raw;
+  for (int i = 1; i < argc; ++i) {
+    absl::string_view arg = argv[i];
+    if (arg == "--") break;
+    if (!absl::ConsumePrefix(&arg, "--") && !absl::ConsumePrefix(&arg, "-")) continue;
+    if (!absl::ConsumePrefix(&arg, name)) continue;
+    if (arg.empty()) {
+      if (i + 1 < argc) raw.emplace_back(argv[++i]);
+    } else if (absl::ConsumePrefix(&arg, "=")) {
+      raw.emplace_back(arg);
+    }
+  }
+  if (!split_commas) return raw;
+  std::vector<std::string> values;
+  for (const std::string& value : raw) {
+    for (absl::string_view piece : absl::StrSplit(value, ',', absl::SkipEmpty())) {
+      values.emplace_back(piece);
+    }
+  }
+  return values;
+}
+
+void AddOrReplaceModel(ModelSpec spec, std::vector<ModelSpec>* models) {
+  for (ModelSpec& existing : *models) {
+    if (existing.name == spec.name) {
+      existing = std::move(spec);
+      return;
+    }
+  }
+  models->push_back(std::move(spec));
+}
+
+}  // namespace kiln

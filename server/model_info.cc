@@ -1,0 +1,78 @@
+#include "server/model_info.h"
+
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "models/load_report.h"
+
+namespace kiln {
+namespace {
+
+v1::ModelState ToProtoState(ModelState state) {
+  switch (state) {
+    case ModelState::kLoading:
+      return v1::LOADING;
+    case ModelState::kReady:
+      return v1::READY;
+    case ModelState::kUnloading:
+      return v1::UNLOADING;
+    case ModelState::kFailed:
+      return v1::FAILED;
+  }
+  return v1::MODEL_STATE_UNSPECIFIED;
+}
+
+void FillTensors(const std::vector<TensorSummary>& tensors,
+                 google::protobuf::RepeatedPtrField<v1::TensorInfo>* out) {
+  out->Reserve(static_cast<int>(tensors.size()));
+  for (const TensorSummary& tensor : tensors) {
+    v1::TensorInfo* info = out->Add();
+    info->set_name(tensor.name);
+    info->set_bytes(tensor.bytes);
+    info->set_head(tensor.head);
+    info->set_origin(tensor.origin);
+  }
+}
+
+}  // namespace
+
+void FillModelInfo(const ModelSnapshot& snapshot, v1::ModelInfo* info) {
+  info->set_name(snapshot.spec.name);
+  info->set_state(ToProtoState(snapshot.state));
+  info->set_path(snapshot.resolved_path.empty() ? snapshot.spec.path : snapshot.resolved_path);
+  info->set_error(snapshot.error);
+  if (snapshot.model == nullptr) {
+    // Not loaded (yet): what was asked for.
+    info->set_format(snapshot.spec.format);
+    info->set_dtype(snapshot.spec.dtype);
+    return;
+  }
+  const PreparedModel& model = *snapshot.model;
+  info->set_architecture(model.config().architecture_name);
+  info->set_dtype(DTypeApiName(model.compute_dtype()));
+  info->set_parameter_count(model.parameter_count());
+  info->set_bytes_in_memory(model.weight_bytes());
+  info->set_format(model.provenance().format);
+  info->set_loader(absl::StrCat(model.provenance().format, " (",
+                                LoadModeName(model.provenance().load_mode), ")"));
+  info->set_vocab_size(static_cast<int32_t>(model.config().vocab_size));
+  info->set_max_context(snapshot.max_context);
+
+  v1::LoadTimings* timings = info->mutable_load_timings();
+  timings->set_open_seconds(model.timings().open_seconds);
+  timings->set_bind_seconds(model.timings().bind_seconds);
+  timings->set_post_load_seconds(model.timings().post_load_seconds);
+  timings->set_total_seconds(snapshot.load_seconds);
+
+  const LoadReport& report = model.report();
+  v1::LoadReport* out = info->mutable_load_report();
+  FillTensors(report.placed, out->mutable_placed());
+  FillTensors(report.missing, out->mutable_missing());
+  FillTensors(report.carried, out->mutable_carried());
+  FillTensors(report.restored, out->mutable_restored());
+  FillTensors(report.unplaced, out->mutable_unplaced());
+  for (const std::string& warning : report.warnings) out->add_warnings(warning);
+}
+
+}  // namespace kiln

@@ -1,0 +1,70 @@
+#include "server/models_service.h"
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+#include "server/auth.h"
+#include "server/handler_util.h"
+#include "server/model_info.h"
+
+namespace kiln {
+namespace {
+
+absl::Status RequireName(const std::string& name) {
+  if (name.empty()) return absl::InvalidArgumentError("name: a model name is required");
+  return absl::OkStatus();
+}
+
+std::string Peer(const grpc::ServerContext& context) { return context.peer(); }
+
+}  // namespace
+
+grpc::Status ModelsService::LoadModel(grpc::ServerContext* context,
+                                      const v1::LoadModelRequest* request,
+                                      v1::ModelInfo* response) {
+  return RunHandler("LoadModel", [&]() -> absl::Status {
+    KILN_RETURN_IF_ERROR(CheckAdminToken(*context, admin_token_));
+    ModelSpec spec{request->name(), request->path(), request->format(), request->dtype()};
+    KILN_RETURN_IF_ERROR(ValidateModelSpec(spec));
+    LOG(INFO) << "LoadModel '" << spec.name << "' path " << spec.path << " from " << Peer(*context);
+    KILN_ASSIGN_OR_RETURN(ModelSnapshot snapshot, registry_->Load(spec));
+    FillModelInfo(snapshot, response);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status ModelsService::UnloadModel(grpc::ServerContext* context,
+                                        const v1::UnloadModelRequest* request,
+                                        v1::UnloadModelResponse* /*response*/) {
+  return RunHandler("UnloadModel", [&]() -> absl::Status {
+    KILN_RETURN_IF_ERROR(CheckAdminToken(*context, admin_token_));
+    KILN_RETURN_IF_ERROR(RequireName(request->name()));
+    LOG(INFO) << "UnloadModel '" << request->name() << "' from " << Peer(*context);
+    return registry_->Unload(request->name());
+  });
+}
+
+grpc::Status ModelsService::ListModels(grpc::ServerContext* context,
+                                       const v1::ListModelsRequest* /*request*/,
+                                       v1::ListModelsResponse* response) {
+  return RunHandler("ListModels", [&]() -> absl::Status {
+    KILN_RETURN_IF_ERROR(CheckAdminToken(*context, admin_token_));
+    for (const ModelSnapshot& snapshot : registry_->List()) {
+      FillModelInfo(snapshot, response->add_models());
+    }
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status ModelsService::GetModel(grpc::ServerContext* context,
+                                     const v1::GetModelRequest* request, v1::ModelInfo* response) {
+  return RunHandler("GetModel", [&]() -> absl::Status {
+    KILN_RETURN_IF_ERROR(CheckAdminToken(*context, admin_token_));
+    KILN_RETURN_IF_ERROR(RequireName(request->name()));
+    KILN_ASSIGN_OR_RETURN(ModelSnapshot snapshot, registry_->Get(request->name()));
+    FillModelInfo(snapshot, response);
+    return absl::OkStatus();
+  });
+}
+
+}  // namespace kiln

@@ -1,0 +1,180 @@
+#include "server/server.h"
+
+#include <fstream>
+#include <iterator>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+#include "grpcpp/ext/proto_server_reflection_plugin.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "grpcpp/resource_quota.h"
+#include "grpcpp/security/server_credentials.h"
+#include "grpcpp/server_builder.h"
+#include "server/auth.h"
+#include "server/inference_service.h"
+#include "server/models_service.h"
+
+namespace kiln {
+namespace {
+
+absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(what, " ", path, " cannot be read"));
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (text.empty()) return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is empty"));
+  return text;
+}
+
+absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> MakeCredentials(
+    const ServerOptions& options) {
+  if (options.tls_cert_file.empty() && options.tls_key_file.empty()) {
+    return grpc::InsecureServerCredentials();
+  }
+  if (options.tls_cert_file.empty() || options.tls_key_file.empty()) {
+    return absl::InvalidArgumentError("TLS needs both --tls-cert and --tls-key");
+  }
+  KILN_ASSIGN_OR_RETURN(std::string cert, ReadFile(options.tls_cert_file, "TLS certificate"));
+  KILN_ASSIGN_OR_RETURN(std::string key, ReadFile(options.tls_key_file, "TLS key"));
+  grpc::SslServerCredentialsOptions ssl;
+  ssl.pem_key_cert_pairs.push_back({std::move(key), std::move(cert)});
+  return grpc::SslServerCredentials(ssl);
+}
+
+absl::Status ValidateOptions(const ServerOptions& options) {
+  if (options.listen.empty() || options.listen.rfind(':') == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("listen: '", options.listen, "' is not HOST:PORT"));
+  }
+  if (options.engine.max_running < 1) {
+    return absl::InvalidArgumentError("max_running_sequences must be at least 1");
+  }
+  if (options.engine.max_queued < 0) {
+    return absl::InvalidArgumentError("max_queued_requests must not be negative");
+  }
+  if (options.engine.max_context < 2) {
+    return absl::InvalidArgumentError("max_context must be at least 2");
+  }
+  if (options.default_max_tokens < 1) {
+    return absl::InvalidArgumentError("default_max_tokens must be at least 1");
+  }
+  if (options.max_threads < 8) return absl::InvalidArgumentError("max_threads must be at least 8");
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(ServerOptions options) {
+  KILN_RETURN_IF_ERROR(ValidateOptions(options));
+  std::string admin_token = options.admin_token;
+  if (!options.admin_token_file.empty()) {
+    KILN_ASSIGN_OR_RETURN(admin_token, ReadAdminTokenFile(options.admin_token_file));
+  }
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
+                        MakeCredentials(options));
+
+  auto server = std::unique_ptr<RunningServer>(new RunningServer());
+  server->shutdown_grace_ = options.shutdown_grace;
+  RegistryOptions registry_options;
+  registry_options.model_roots = options.model_roots;
+  registry_options.engine = options.engine;
+  registry_options.on_loading_for_testing = options.on_loading_for_testing;
+  KILN_ASSIGN_OR_RETURN(server->registry_, ModelRegistry::Create(std::move(registry_options)));
+  for (const ModelSpec& spec : options.models) {
+    // A model that fails stays listed as FAILED with its error; the others still serve.
+    absl::StatusOr<ModelSnapshot> loaded = server->registry_->LoadAtStartup(spec);
+    if (!loaded.ok()) LOG(ERROR) << "startup model '" << spec.name << "': " << loaded.status();
+  }
+
+  InferenceServiceOptions inference_options;
+  inference_options.defaults.max_tokens = options.default_max_tokens;
+  inference_options.cancel_poll = options.cancel_poll;
+  server->inference_ =
+      std::make_unique<InferenceService>(server->registry_.get(), inference_options);
+  server->models_ = std::make_unique<ModelsService>(server->registry_.get(), admin_token);
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::reflection::InitProtoReflectionServerBuilderPlugin();
+  grpc::ServerBuilder builder;
+  int port = 0;
+  builder.AddListeningPort(options.listen, credentials, &port);
+  // A second server on a busy port must fail, not share the port (gRPC sets SO_REUSEPORT).
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
+  builder.RegisterService(server->inference_.get());
+  builder.RegisterService(server->models_.get());
+  // One thread per in-flight call in the synchronous API: enough for many concurrent streams.
+  grpc::ResourceQuota quota("kiln-server");
+  quota.SetMaxThreads(options.max_threads);
+  builder.SetResourceQuota(quota);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 2);
+  builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 4);
+  server->server_ = builder.BuildAndStart();
+  if (server->server_ == nullptr || port == 0) {
+    server->registry_->Shutdown();
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", options.listen, " (address in use or not available?)"));
+  }
+  server->port_ = port;
+  server->address_ = absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", port);
+  grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
+  if (health != nullptr) {
+    health->SetServingStatus("", true);
+    health->SetServingStatus(v1::Inference::service_full_name(), true);
+    health->SetServingStatus(v1::Models::service_full_name(), true);
+  }
+  LOG(INFO) << "per model: max_running " << options.engine.max_running << ", max_queued "
+            << options.engine.max_queued << ", max_context " << options.engine.max_context
+            << ", default_max_tokens " << options.default_max_tokens;
+  LOG(INFO) << "listening on " << server->address_
+            << (options.tls_cert_file.empty() ? " (insecure)" : " (TLS)")
+            << (admin_token.empty() ? "; Models service open to every client"
+                                    : "; Models service needs the admin token");
+  return server;
+}
+
+std::string RunningServer::ReadyLine() const {
+  std::vector<std::string> ready, failed;
+  for (const ModelSnapshot& model : registry_->List()) {
+    if (model.state == ModelState::kReady) ready.push_back(model.spec.name);
+    if (model.state == ModelState::kFailed) failed.push_back(model.spec.name);
+  }
+  std::string line =
+      absl::StrCat("kiln-server: ready on ", address_,
+                   " (models: ", ready.empty() ? "none" : absl::StrJoin(ready, ", "));
+  if (!failed.empty()) absl::StrAppend(&line, "; failed: ", absl::StrJoin(failed, ", "));
+  absl::StrAppend(&line, ")");
+  return line;
+}
+
+void RunningServer::Shutdown() {
+  {
+    absl::MutexLock lock(&shutdown_mutex_);
+    if (shut_down_) return;
+    shut_down_ = true;
+  }
+  if (server_ == nullptr) {
+    if (registry_ != nullptr) registry_->Shutdown();
+    return;
+  }
+  LOG(INFO) << "shutting down: in-flight calls have " << absl::FormatDuration(shutdown_grace_)
+            << " to finish";
+  if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
+    health->Shutdown();  // every service reports NOT_SERVING from now on
+  }
+  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(shutdown_grace_));
+  registry_->Shutdown();
+  LOG(INFO) << "shut down";
+}
+
+void RunningServer::Wait() {
+  if (server_ != nullptr) server_->Wait();
+}
+
+RunningServer::~RunningServer() {
+  Shutdown();
+  Wait();
+}
+
+}  // namespace kiln

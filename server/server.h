@@ -1,0 +1,79 @@
+// Server assembly: registry + Inference + Models + health + reflection on one gRPC server.
+// main.cc only turns flags and the config file into ServerOptions; tests run StartServer
+// in-process.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "engine/engine.h"
+#include "grpcpp/server.h"
+#include "server/registry.h"
+
+namespace kiln {
+
+class InferenceService;
+class ModelsService;
+
+struct ServerOptions {
+  std::string listen = "127.0.0.1:50051";  // HOST:PORT; port 0 picks a free one
+  std::vector<std::string> model_roots;    // LoadModel paths must resolve inside one of these
+  std::vector<ModelSpec> models;           // loaded before the server starts listening
+  EngineOptions engine;                    // per model: max_running, max_queued, max_context
+  int32_t default_max_tokens = 256;        // for requests with stopping.max_tokens = 0
+  std::string admin_token;                 // "": the Models service is open
+  std::string admin_token_file;            // read at start; overrides admin_token
+  std::string tls_cert_file;               // both set: TLS; neither: insecure
+  std::string tls_key_file;
+  int max_threads = 256;  // gRPC sync-server threads (≥ concurrent streams)
+  absl::Duration shutdown_grace = absl::Seconds(5);  // in-flight calls may finish meanwhile
+  absl::Duration cancel_poll = absl::Milliseconds(20);
+  // Tests: see RegistryOptions::on_loading_for_testing.
+  std::function<void(const ModelSpec&)> on_loading_for_testing;
+};
+
+class RunningServer {
+ public:
+  ~RunningServer();  // Shutdown() and Wait()
+  RunningServer(const RunningServer&) = delete;
+  RunningServer& operator=(const RunningServer&) = delete;
+
+  int port() const { return port_; }
+  // HOST:PORT with the bound port.
+  const std::string& address() const { return address_; }
+  // "kiln-server: ready on 127.0.0.1:50051 (models: default)".
+  std::string ReadyLine() const;
+  ModelRegistry& registry() { return *registry_; }
+
+  // Graceful: health goes NOT_SERVING, no new calls are accepted, in-flight calls get
+  // shutdown_grace to finish and are then cancelled, then every engine stops. Idempotent.
+  void Shutdown();
+  // Returns once the server has shut down.
+  void Wait();
+
+ private:
+  friend absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(ServerOptions options);
+  RunningServer() = default;
+
+  absl::Duration shutdown_grace_;
+  std::unique_ptr<ModelRegistry> registry_;
+  std::unique_ptr<InferenceService> inference_;
+  std::unique_ptr<ModelsService> models_;
+  std::unique_ptr<grpc::Server> server_;
+  int port_ = 0;
+  std::string address_;
+  absl::Mutex shutdown_mutex_;
+  bool shut_down_ ABSL_GUARDED_BY(shutdown_mutex_) = false;
+};
+
+// Loads the startup models (one that fails stays listed as FAILED), then listens. Errors: bad
+// options (InvalidArgument), unreadable token/TLS files, or a listen address that cannot be
+// bound (Unavailable).
+absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(ServerOptions options);
+
+}  // namespace kiln

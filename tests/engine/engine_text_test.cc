@@ -1,0 +1,102 @@
+// The engine with a tokenizer: streamed text, stop strings held back and cut, EOS.
+#include "absl/synchronization/notification.h"
+#include "clients/synth.h"
+#include "engine/engine.h"
+#include "gtest/gtest.h"
+#include "loaders/load_model.h"
+#include "tests/loaders/test_util.h"
+
+namespace kiln {
+namespace {
+
+struct Stream {
+  absl::Mutex mutex;
+  std::vector<int32_t> tokens;
+  std::string text;
+  FinishReason finish = FinishReason::kNone;
+  absl::Notification done;
+  UpdateCallback Callback() {
+    return [this](GenerationUpdate update) {
+      const bool final = update.finish != FinishReason::kNone || !update.status.ok();
+      {
+        absl::MutexLock lock(&mutex);
+        tokens.insert(tokens.end(), update.token_ids.begin(), update.token_ids.end());
+        text += update.text;
+        if (final) finish = update.finish;
+      }
+      // After the lock is released: the waiter may destroy this object once notified.
+      if (final) done.Notify();
+    };
+  }
+};
+
+class EngineTextTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    absl::StatusOr<ModelConfig> config = SynthPresetConfig("kiln-tiny");
+    ASSERT_TRUE(config.ok());
+    config->num_hidden_layers = 2;
+    SynthOptions options;
+    options.dtype = DType::kF32;
+    options.seed = 3;
+    ASSERT_TRUE(WriteSynthCheckpoint(dir_.path(), *config, options).ok());
+    absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
+    ASSERT_TRUE(backend.ok());
+    absl::StatusOr<std::unique_ptr<PreparedModel>> model =
+        LoadModel(dir_.path(), std::shared_ptr<Backend>(std::move(*backend)));
+    ASSERT_TRUE(model.ok()) << model.status();
+    model_ = std::move(*model);
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromDirectory(dir_.path());
+    ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+    tokenizer_ = std::move(*tokenizer);
+    EngineOptions engine_options;
+    engine_options.max_context = 512;
+    absl::StatusOr<std::unique_ptr<Engine>> engine =
+        Engine::Create(model_, tokenizer_, engine_options);
+    ASSERT_TRUE(engine.ok());
+    engine_ = std::move(*engine);
+  }
+
+  std::unique_ptr<Stream> Run(const std::string& prompt, int max_tokens,
+                              std::vector<std::string> stop = {}) {
+    absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(prompt);
+    EXPECT_TRUE(ids.ok());
+    GenerationRequest request;
+    request.prompt = *ids;
+    request.stopping.max_tokens = max_tokens;
+    request.stopping.stop = std::move(stop);
+    request.stopping.ignore_eos = true;
+    auto stream = std::make_unique<Stream>();
+    EXPECT_TRUE(engine_->Submit(std::move(request), stream->Callback()).ok());
+    EXPECT_TRUE(stream->done.WaitForNotificationWithTimeout(absl::Seconds(60)));
+    return stream;
+  }
+
+  testing_util::ScratchDir dir_;
+  std::shared_ptr<const PreparedModel> model_;
+  std::shared_ptr<const Tokenizer> tokenizer_;
+  std::unique_ptr<Engine> engine_;
+};
+
+TEST_F(EngineTextTest, StreamedTextEqualsDecodingAllTokens) {
+  auto stream = Run("Hello world, the kiln is hot.", 40);
+  EXPECT_EQ(stream->finish, FinishReason::kLength);
+  absl::StatusOr<std::string> whole = tokenizer_->Decode(stream->tokens, true);
+  ASSERT_TRUE(whole.ok());
+  EXPECT_EQ(stream->text, *whole);
+}
+
+TEST_F(EngineTextTest, StopStringCutsTheTextAndEndsTheStream) {
+  auto free_run = Run("The quick brown fox", 40);
+  ASSERT_GE(free_run->text.size(), 12u);
+  // A stop string taken from the middle of what greedy decoding writes.
+  const std::string stop = free_run->text.substr(free_run->text.size() / 2, 3);
+  const size_t first = free_run->text.find(stop);
+  auto stopped = Run("The quick brown fox", 40, {stop, "never-produced-stop"});
+  EXPECT_EQ(stopped->finish, FinishReason::kStop);
+  EXPECT_EQ(stopped->text, free_run->text.substr(0, first));
+  EXPECT_LE(stopped->tokens.size(), free_run->tokens.size());
+}
+
+}  // namespace
+}  // namespace kiln

@@ -1,0 +1,129 @@
+// ServerConfig text format, the flag helpers of main.cc, and the status mapping.
+#include "server/config.h"
+
+#include "gtest/gtest.h"
+#include "server/grpc_status.h"
+#include "tests/loaders/test_util.h"
+
+namespace kiln {
+namespace {
+
+TEST(ConfigTest, ExampleConfigsParse) {
+  const std::string configs = std::string(KILN_TEST_DATA_DIR) + "/../../configs";
+  absl::StatusOr<v1::ServerConfig> config = ReadServerConfig(configs + "/server.textproto");
+  ASSERT_TRUE(config.ok()) << config.status();
+  EXPECT_EQ(config->listen(), "127.0.0.1:50051");
+  ASSERT_EQ(config->models_size(), 1);
+  EXPECT_EQ(config->models(0).name(), "default");
+
+  ServerOptions options;
+  ASSERT_TRUE(ApplyServerConfig(*config, "/srv/kiln/configs", &options).ok());
+  EXPECT_EQ(options.listen, "127.0.0.1:50051");
+  EXPECT_EQ(options.model_roots, std::vector<std::string>{"/srv/kiln/configs/../models-cache"});
+  ASSERT_EQ(options.models.size(), 1u);
+  EXPECT_EQ(options.models[0].path, "kiln-tiny");  // relative to the model roots, not rebased
+  EXPECT_EQ(options.engine.max_queued, 64);
+  EXPECT_EQ(options.engine.max_running, 16);
+  EXPECT_EQ(options.engine.max_context, 4096);
+  EXPECT_EQ(options.default_max_tokens, 256);
+
+  absl::StatusOr<v1::ServerConfig> secure = ReadServerConfig(configs + "/server-secure.textproto");
+  ASSERT_TRUE(secure.ok()) << secure.status();
+  ServerOptions secure_options;
+  ASSERT_TRUE(ApplyServerConfig(*secure, "/x", &secure_options).ok());
+  EXPECT_EQ(secure_options.admin_token_file, "/etc/kiln/admin-token");
+  EXPECT_EQ(secure_options.tls_cert_file, "/etc/kiln/tls/server.crt");
+  EXPECT_EQ(secure_options.engine.max_running, 32);
+}
+
+TEST(ConfigTest, ErrorsGiveThePosition) {
+  absl::StatusOr<v1::ServerConfig> config =
+      ParseServerConfig("listen: \"a:1\"\nmax_queued: 3\n", "my.textproto");
+  ASSERT_FALSE(config.ok());
+  EXPECT_EQ(config.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_CONTAINS(config.status().message(), "my.textproto:2:");
+  EXPECT_CONTAINS(config.status().message(), "max_queued");
+
+  EXPECT_EQ(ReadServerConfig("/no/such/file.textproto").status().code(),
+            absl::StatusCode::kNotFound);
+  ServerOptions options;
+  v1::ServerConfig bad;
+  bad.add_models()->set_name("only-a-name");
+  EXPECT_EQ(ApplyServerConfig(bad, "", &options).code(), absl::StatusCode::kInvalidArgument);
+  bad.Clear();
+  bad.set_max_context(-1);
+  EXPECT_EQ(ApplyServerConfig(bad, "", &options).code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(ConfigTest, UnsetFieldsKeepTheDefaults) {
+  absl::StatusOr<v1::ServerConfig> config = ParseServerConfig("model_roots: \"/m\"");
+  ASSERT_TRUE(config.ok());
+  ServerOptions options;
+  ASSERT_TRUE(ApplyServerConfig(*config, "/base", &options).ok());
+  EXPECT_EQ(options.listen, ServerOptions().listen);
+  EXPECT_EQ(options.engine.max_queued, EngineOptions().max_queued);
+  EXPECT_EQ(options.model_roots, std::vector<std::string>{"/m"});  // absolute: kept
+}
+
+TEST(ConfigTest, RepeatedFlagsAreCollected) {
+  std::vector<std::string> args = {
+      "kiln-server", "--model_root=/a,/b", "--listen=x:1", "-model_root", "/c", "--model_root",
+      "/d",          "--model=m=/p",       "--model",      "n=/q,o=/r",   "--", "--model_root=/e"};
+  std::vector<char*> argv;
+  for (std::string& arg : args) argv.push_back(arg.data());
+  const int argc = static_cast<int>(argv.size());
+  EXPECT_EQ(CollectRepeatedFlag(argc, argv.data(), "model_root", true),
+            (std::vector<std::string>{"/a", "/b", "/c", "/d"}));
+  EXPECT_EQ(CollectRepeatedFlag(argc, argv.data(), "model", true),
+            (std::vector<std::string>{"m=/p", "n=/q", "o=/r"}));
+  EXPECT_EQ(CollectRepeatedFlag(argc, argv.data(), "listen", false),
+            (std::vector<std::string>{"x:1"}));
+  EXPECT_TRUE(CollectRepeatedFlag(argc, argv.data(), "config", false).empty());
+}
+
+TEST(ConfigTest, ModelFlags) {
+  absl::StatusOr<ModelSpec> spec = ParseModelFlag("default=models/tiny");
+  ASSERT_TRUE(spec.ok());
+  EXPECT_EQ(spec->name, "default");
+  EXPECT_EQ(spec->path, "models/tiny");
+  EXPECT_FALSE(ParseModelFlag("no-equals").ok());
+  EXPECT_FALSE(ParseModelFlag("=path").ok());
+  EXPECT_FALSE(ParseModelFlag("name=").ok());
+
+  std::vector<ModelSpec> models = {{"a", "1", "", ""}, {"b", "2", "", ""}};
+  AddOrReplaceModel({"a", "3", "", ""}, &models);
+  AddOrReplaceModel({"c", "4", "", ""}, &models);
+  ASSERT_EQ(models.size(), 3u);
+  EXPECT_EQ(models[0].path, "3");
+  EXPECT_EQ(models[2].name, "c");
+}
+
+TEST(GrpcStatusTest, OneMappingForEveryCode) {
+  EXPECT_TRUE(ToGrpcStatus(absl::OkStatus()).ok());
+  const std::vector<std::pair<absl::Status, grpc::StatusCode>> cases = {
+      {absl::InvalidArgumentError("prompt: bad"), grpc::StatusCode::INVALID_ARGUMENT},
+      {absl::NotFoundError("m"), grpc::StatusCode::NOT_FOUND},
+      {absl::FailedPreconditionError("m"), grpc::StatusCode::FAILED_PRECONDITION},
+      {absl::ResourceExhaustedError("m"), grpc::StatusCode::RESOURCE_EXHAUSTED},
+      {absl::PermissionDeniedError("m"), grpc::StatusCode::PERMISSION_DENIED},
+      {absl::UnauthenticatedError("m"), grpc::StatusCode::UNAUTHENTICATED},
+      {absl::AlreadyExistsError("m"), grpc::StatusCode::ALREADY_EXISTS},
+      {absl::CancelledError("m"), grpc::StatusCode::CANCELLED},
+      {absl::DeadlineExceededError("m"), grpc::StatusCode::DEADLINE_EXCEEDED},
+      {absl::InternalError("m"), grpc::StatusCode::INTERNAL},
+      {absl::UnavailableError("m"), grpc::StatusCode::UNAVAILABLE},
+      {absl::DataLossError("m"), grpc::StatusCode::DATA_LOSS},
+      {absl::OutOfRangeError("m"), grpc::StatusCode::OUT_OF_RANGE},
+      {absl::UnimplementedError("m"), grpc::StatusCode::UNIMPLEMENTED},
+      {absl::AbortedError("m"), grpc::StatusCode::ABORTED},
+      {absl::UnknownError("m"), grpc::StatusCode::UNKNOWN},
+  };
+  for (const auto& [status, code] : cases) {
+    const grpc::Status converted = ToGrpcStatus(status);
+    EXPECT_EQ(converted.error_code(), code) << status;
+    EXPECT_EQ(converted.error_message(), std::string(status.message()));
+  }
+}
+
+}  // namespace
+}  // namespace kiln
