@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/logging.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 
@@ -88,6 +89,10 @@ absl::Status ApplyServerConfig(const v1::ServerConfig& config, const std::string
   }
   if (!config.tls_cert_file().empty())
     options->tls_cert_file = Rebase(base_dir, config.tls_cert_file());
+  if (!config.metrics_listen().empty()) {
+    LOG(WARNING) << "metrics_listen is not implemented yet; " << config.metrics_listen()
+                 << " is ignored";
+  }
   if (!config.tls_key_file().empty())
     options->tls_key_file = Rebase(base_dir, config.tls_key_file());
   return absl::OkStatus();

@@ -1,10 +1,14 @@
 // kiln-server: parses flags and the optional config file into ServerOptions, starts the server,
 // prints the ready line and serves until SIGINT or SIGTERM.
-#include <pthread.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <iostream>
@@ -15,6 +19,8 @@
 #include "absl/flags/parse.h"
 #include "absl/flags/reflection.h"
 #include "absl/flags/usage.h"
+#include "absl/flags/usage_config.h"
+#include "absl/strings/match.h"
 #include "base/logging.h"
 #include "server/config.h"
 #include "server/server.h"
@@ -36,6 +42,18 @@ ABSL_FLAG(int32_t, default_max_tokens, 256, "tokens generated when a request set
 
 namespace kiln {
 namespace {
+
+int g_signal_pipe[2] = {-1, -1};
+
+std::atomic<int> g_signals_received{0};
+
+// Async-signal-safe: a lock-free atomic, write(2) and _exit(2). A second signal ends the process
+// at once, without waiting for the graceful shutdown.
+void OnSignal(int signal_number) {
+  if (g_signals_received.fetch_add(1) > 0) _exit(128 + signal_number);
+  const char byte = static_cast<char>(signal_number);
+  [[maybe_unused]] const ssize_t written = write(g_signal_pipe[1], &byte, 1);
+}
 
 // Whether argv sets flag `name` (abseil 20220623 keeps IsSpecifiedOnCommandLine private).
 bool OnCommandLine(int argc, char** argv, absl::string_view name) {
@@ -100,8 +118,15 @@ absl::StatusOr<ServerOptions> BuildOptions(int argc, char** argv) {
 }
 
 int Main(int argc, char** argv) {
+  absl::FlagsUsageConfig usage_config;
+  usage_config.contains_help_flags = [](absl::string_view path) {
+    return absl::EndsWith(path, "server/main.cc");
+  };
+  usage_config.contains_helpshort_flags = usage_config.contains_help_flags;
+  absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(
-      "kiln-server --listen HOST:PORT --model-root DIR [--model NAME=PATH ...] [--config FILE]");
+      "kiln-server --listen HOST:PORT --model-root DIR [--model NAME=PATH ...] [--config FILE]\n"
+      "Flags may be spelled with dashes or underscores (--model-root = --model_root).");
   std::vector<std::string> args = NormalizeFlagNames(argc, argv);
   std::vector<char*> arg_pointers;
   for (std::string& arg : args) arg_pointers.push_back(arg.data());
@@ -116,17 +141,19 @@ int Main(int argc, char** argv) {
     std::cerr << "kiln-server: " << options.status().message() << "\n";
     return 2;
   }
-  // SIGINT/SIGTERM are blocked in every thread (the server's threads inherit the mask) and
-  // taken synchronously below, so shutdown runs on an ordinary thread. A shell starts background
-  // jobs with SIGINT ignored, and an ignored signal is discarded rather than left pending for
-  // sigwait: restore the default disposition first.
-  signal(SIGINT, SIG_DFL);
-  signal(SIGTERM, SIG_DFL);
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGINT);
-  sigaddset(&signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // SIGINT/SIGTERM: whichever thread takes the signal (gRPC, oneDNN and the engines start
+  // their own) only writes its number into a pipe; this thread reads it and shuts the server
+  // down. sigaction also replaces the SIG_IGN that a shell gives background jobs for SIGINT.
+  if (pipe2(g_signal_pipe, O_CLOEXEC) != 0) {
+    std::cerr << "kiln-server: pipe2: " << std::strerror(errno) << "\n";
+    return 1;
+  }
+  struct sigaction action = {};
+  action.sa_handler = OnSignal;
+  sigemptyset(&action.sa_mask);
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &action, nullptr);
+  sigaction(SIGTERM, &action, nullptr);
 
   absl::StatusOr<std::unique_ptr<RunningServer>> server = StartServer(*std::move(options));
   if (!server.ok()) {
@@ -135,8 +162,9 @@ int Main(int argc, char** argv) {
   }
   std::cout << (*server)->ReadyLine() << std::endl;  // endl flushes: scripts wait for this line
 
-  int signal_number = 0;
-  sigwait(&signals, &signal_number);
+  char signal_number = 0;
+  while (read(g_signal_pipe[0], &signal_number, 1) != 1 && errno == EINTR) {
+  }
   LOG(INFO) << "received " << (signal_number == SIGINT ? "SIGINT" : "SIGTERM");
   (*server)->Shutdown();
   (*server)->Wait();

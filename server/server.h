@@ -31,7 +31,7 @@ struct ServerOptions {
   std::string tls_cert_file;               // both set: TLS; neither: insecure
   std::string tls_key_file;
   int max_threads = 256;  // gRPC sync-server threads (≥ concurrent streams)
-  absl::Duration shutdown_grace = absl::Seconds(5);  // in-flight calls may finish meanwhile
+  absl::Duration shutdown_grace = absl::Seconds(3);  // in-flight calls may finish meanwhile
   absl::Duration cancel_poll = absl::Milliseconds(20);
   // Tests: see RegistryOptions::on_loading_for_testing.
   std::function<void(const ModelSpec&)> on_loading_for_testing;
