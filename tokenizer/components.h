@@ -64,8 +64,9 @@ absl::StatusOr<std::unique_ptr<PreTokenizer>> ParsePreTokenizer(const nlohmann::
 
 // Turns the token strings of a decode into text pieces, as the Rust crate's decode_chain:
 // ByteLevel, Metaspace, ByteFallback, Fuse, Strip, Replace, WordPiece-free subset, Sequence.
-// The result is joined without separators by the caller. ByteLevel and ByteFallback may produce
-// byte strings that are not valid UTF-8 on their own (the caller decides how to treat them).
+// The result is joined without separators by the caller. ByteLevel may produce
+// byte strings that are not valid UTF-8 on their own (the caller decides how to treat them);
+// ByteFallback, like the crate, turns an incomplete byte run into one U+FFFD per byte.
 class Decoder {
  public:
   virtual ~Decoder() = default;
