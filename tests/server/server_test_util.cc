@@ -1,5 +1,6 @@
 #include "tests/server/server_test_util.h"
 
+#include <array>
 #include <fstream>
 #include <thread>
 
@@ -8,38 +9,12 @@
 #include "grpcpp/create_channel.h"
 #include "grpcpp/security/credentials.h"
 #include "nlohmann/json.hpp"
+#include "tokenizer/components.h"
 
 namespace kiln::server_test {
 namespace {
 
 namespace fs = std::filesystem;
-
-// GPT-2's byte → printable-character table (byte-level BPE).
-std::vector<std::string> ByteLevelAlphabet() {
-  std::vector<int> printable;
-  for (int b = '!'; b <= '~'; ++b) printable.push_back(b);
-  for (int b = 0xA1; b <= 0xAC; ++b) printable.push_back(b);
-  for (int b = 0xAE; b <= 0xFF; ++b) printable.push_back(b);
-  std::vector<int> code_point(256, -1);
-  for (int b : printable) code_point[b] = b;
-  int next = 0;
-  for (int b = 0; b < 256; ++b) {
-    if (code_point[b] < 0) code_point[b] = 256 + next++;
-  }
-  std::vector<std::string> out(256);
-  for (int b = 0; b < 256; ++b) {
-    const int cp = code_point[b];
-    std::string utf8;
-    if (cp < 0x80) {
-      utf8.push_back(static_cast<char>(cp));
-    } else {
-      utf8.push_back(static_cast<char>(0xC0 | (cp >> 6)));
-      utf8.push_back(static_cast<char>(0x80 | (cp & 0x3F)));
-    }
-    out[b] = utf8;
-  }
-  return out;
-}
 
 void WriteModel(const fs::path& dir, uint64_t seed, bool tokenizer) {
   absl::StatusOr<ModelConfig> config = SynthPresetConfig("kiln-tiny");
@@ -50,21 +25,16 @@ void WriteModel(const fs::path& dir, uint64_t seed, bool tokenizer) {
   SynthOptions options;
   options.dtype = DType::kF32;
   options.seed = seed;
+  options.write_tokenizer = false;  // these tests decide about tokenizers themselves
   absl::Status status = WriteSynthCheckpoint(dir, *config, options);
   ASSERT_TRUE(status.ok()) << status;
-  // Whatever the synthesizer writes besides the weights, these tests decide about tokenizers.
-  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
-                           "encoder.json", "vocab.bpe"}) {
-    std::error_code ec;
-    fs::remove(dir / name, ec);
-  }
   if (tokenizer) WriteTestTokenizer(dir);
 }
 
 }  // namespace
 
 void WriteTestTokenizer(const fs::path& dir) {
-  const std::vector<std::string> bytes = ByteLevelAlphabet();
+  const std::array<std::string, 256>& bytes = tokenizer_internal::ByteToUnicode();
   nlohmann::json vocab = nlohmann::json::object();
   for (int b = 0; b < 256; ++b) vocab[bytes[b]] = b;
   const std::string space = bytes[' '];
