@@ -74,5 +74,7 @@ int ModelsList(const Args& args);
 int ModelsLoad(const Args& args);
 int ModelsUnload(const Args& args);
 int ModelsGet(const Args& args);
+int ModelsTensorize(const Args& args);
+int TensorizeLocal(const Args& args);
 
 }  // namespace kiln::cli

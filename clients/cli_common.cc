@@ -86,10 +86,18 @@ const std::vector<Command>& Commands() {
        {"json", KILN_ADMIN_FLAGS},
        &ModelsList},
       {"models load",
-       "NAME PATH [--dtype bf16|f32] [--format F]",
-       "Load the model directory PATH (inside one of the server's model roots) as NAME.",
-       {"dtype", "format", "json", KILN_ADMIN_FLAGS},
+       "NAME PATH [--dtype bf16|f32] [--format F] [tensorizer flags]",
+       "Load PATH (a model directory or a Tensorizer .tensors file inside one of the server's\n"
+       "model roots) as NAME. Key and passphrase files are read by the server, on its machine.",
+       {"dtype", "format", "tensorizer_config", "encryption_key_file", "encryption_passphrase_file",
+        "skip_hash_verification", "json", KILN_ADMIN_FLAGS},
        &ModelsLoad},
+      {"models tensorize",
+       "NAME OUT [--dtype bf16|f32] [--overwrite]",
+       "Write loaded model NAME as a native tensorized file OUT (a path inside one of the\n"
+       "server's model roots): kiln's engine layout with the config and tokenizer inside.",
+       {"dtype", "overwrite", KILN_ADMIN_FLAGS},
+       &ModelsTensorize},
       {"models unload", "NAME", "Unload a model.", {KILN_ADMIN_FLAGS}, &ModelsUnload},
       {"models get",
        "NAME",
@@ -109,10 +117,20 @@ const std::vector<Command>& Commands() {
        {"out", "preset", "dtype", "seed", "max_shard_bytes"},
        &Synth},
       {"run",
-       "--model DIR [--prompt_ids 1,2,3] [--max_tokens 16] [--dtype bf16|f32]",
-       "Load a model in this process and generate greedily from token ids (no server).",
-       {"model", "prompt_ids", "max_tokens", "dtype"},
+       "--model PATH [--prompt_ids 1,2,3] [--max_tokens 16] [--dtype bf16|f32]",
+       "Load a model (directory or .tensors file) in this process and generate greedily from\n"
+       "token ids (no server).",
+       {"model", "prompt_ids", "max_tokens", "dtype", "tensorizer_config", "encryption_key_file",
+        "encryption_passphrase_file", "skip_hash_verification"},
        &Run},
+      {"tensorize",
+       "--model PATH --out FILE [--dtype bf16|f32] [tensorizer flags]",
+       "Convert a checkpoint (safetensors directory or Tensorizer file) into a native tensorized\n"
+       "file: kiln's engine layout (fused q/k/v and gate/up, MTP heads kept) with the config and\n"
+       "tokenizer inside, so the file alone loads. Readable by the Tensorizer library too.",
+       {"model", "out", "dtype", "overwrite", "tensorizer_config", "encryption_key_file",
+        "encryption_passphrase_file", "skip_hash_verification"},
+       &TensorizeLocal},
   };
   return *commands;
 }

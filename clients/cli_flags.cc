@@ -3,13 +3,24 @@
 #include "absl/flags/flag.h"
 
 ABSL_FLAG(std::string, preset, "kiln-tiny", "model shape to write (synth)");
-ABSL_FLAG(std::string, out, "", "directory to write the checkpoint into (synth)");
+ABSL_FLAG(std::string, out, "",
+          "synth: directory to write the checkpoint into; tensorize: the .tensors file to write");
 ABSL_FLAG(std::string, dtype, "",
           "synth: weight dtype (bf16, f32, f16; default bf16); run and models load: compute dtype "
-          "(bf16 or f32; default: the checkpoint's)");
+          "(bf16 or f32; default: the checkpoint's); tensorize: stored dtype (default: as is)");
 ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
           "synth: random seed (default 0); generate: sampling seed (default: the server picks)");
 ABSL_FLAG(uint64_t, max_shard_bytes, uint64_t{1} << 30, "shard the checkpoint above this size");
+ABSL_FLAG(bool, overwrite, false, "tensorize: replace an existing output file");
+
+ABSL_FLAG(std::string, tensorizer_config, "",
+          "config.json for a raw or vLLM Tensorizer file (default: config.json beside it)");
+ABSL_FLAG(std::string, encryption_key_file, "",
+          "encrypted Tensorizer file: file holding the 32-byte key (models load: on the server)");
+ABSL_FLAG(std::string, encryption_passphrase_file, "",
+          "encrypted Tensorizer file: file holding the passphrase (models load: on the server)");
+ABSL_FLAG(bool, skip_hash_verification, false,
+          "Tensorizer: do not check each tensor's CRC32 and SHA-256 (faster, less safe)");
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "kiln-server address, HOST:PORT");
 ABSL_FLAG(double, timeout, 0, "deadline of the call in seconds; 0 = none");
@@ -22,7 +33,8 @@ ABSL_FLAG(std::string, admin_token_file, "",
           "file holding the admin token (surrounding whitespace is ignored)");
 
 ABSL_FLAG(std::string, model, "",
-          "run: model directory; generate and tokenize: name of a loaded model");
+          "run and tensorize: model directory or .tensors file; generate and tokenize: name of a "
+          "loaded model");
 ABSL_FLAG(std::string, prompt, "", "text prompt");
 ABSL_FLAG(std::string, prompt_ids, "",
           "prompt as comma-separated token ids (run: default 1,2,3,4,5)");

@@ -14,6 +14,13 @@ ABSL_DECLARE_FLAG(std::string, out);
 ABSL_DECLARE_FLAG(std::string, dtype);
 ABSL_DECLARE_FLAG(std::optional<uint64_t>, seed);
 ABSL_DECLARE_FLAG(uint64_t, max_shard_bytes);
+ABSL_DECLARE_FLAG(bool, overwrite);
+
+// Tensorizer files (run, tensorize, models load).
+ABSL_DECLARE_FLAG(std::string, tensorizer_config);
+ABSL_DECLARE_FLAG(std::string, encryption_key_file);
+ABSL_DECLARE_FLAG(std::string, encryption_passphrase_file);
+ABSL_DECLARE_FLAG(bool, skip_hash_verification);
 
 // Connection.
 ABSL_DECLARE_FLAG(std::string, server);

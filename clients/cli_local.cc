@@ -2,13 +2,19 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "base/status_macros.h"
 #include "clients/cli.h"
 #include "clients/cli_flags.h"
 #include "clients/synth.h"
@@ -27,6 +33,32 @@ absl::StatusOr<DType> ParseDType(const std::string& text) {
   if (text == "f32" || text == "fp32" || text == "float32") return DType::kF32;
   if (text == "f16" || text == "fp16" || text == "float16") return DType::kF16;
   return absl::InvalidArgumentError("--dtype must be bf16, f32 or f16, not \"" + text + "\"");
+}
+
+// Tensorizer options from the shared flags; key files are read here, in this process.
+absl::StatusOr<TensorizerCheckpointOptions> TensorizerFlags() {
+  TensorizerCheckpointOptions options;
+  options.verify_hashes = !absl::GetFlag(FLAGS_skip_hash_verification);
+  if (!absl::GetFlag(FLAGS_tensorizer_config).empty()) {
+    options.config_path = absl::GetFlag(FLAGS_tensorizer_config);
+  }
+  auto read = [](const std::string& path) -> absl::StatusOr<std::string> {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::NotFoundError("cannot read " + path);
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  };
+  if (const std::string file = absl::GetFlag(FLAGS_encryption_key_file); !file.empty()) {
+    KILN_ASSIGN_OR_RETURN(options.encryption_key, read(file));
+  }
+  if (const std::string file = absl::GetFlag(FLAGS_encryption_passphrase_file); !file.empty()) {
+    KILN_ASSIGN_OR_RETURN(options.encryption_passphrase, read(file));
+    while (!options.encryption_passphrase.empty() &&
+           (options.encryption_passphrase.back() == '\n' ||
+            options.encryption_passphrase.back() == '\r')) {
+      options.encryption_passphrase.pop_back();
+    }
+  }
+  return options;
 }
 
 }  // namespace
@@ -72,6 +104,9 @@ int Run(const Args& args) {
     if (!dtype.ok()) return UsageError("run", dtype.status().message());
     options.compute_dtype = *dtype;
   }
+  absl::StatusOr<TensorizerCheckpointOptions> tensorizer = TensorizerFlags();
+  if (!tensorizer.ok()) return Fail(tensorizer.status());
+  options.tensorizer = *std::move(tensorizer);
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
   if (!backend.ok()) return Fail(backend.status());
   absl::StatusOr<std::unique_ptr<PreparedModel>> model =
@@ -113,6 +148,54 @@ int Run(const Args& args) {
     std::printf("first token %.1f ms, then %.1f tokens/s\n", first_token_seconds * 1e3,
                 static_cast<double>(generated.size() - 1) / (total - first_token_seconds));
   }
+  return kExitOk;
+}
+
+int TensorizeLocal(const Args& args) {
+  if (absl::Status status = ExpectArgs(args, 0, "no arguments"); !status.ok()) {
+    return UsageError("tensorize", status.message());
+  }
+  const std::string model_path = absl::GetFlag(FLAGS_model);
+  const std::string out = absl::GetFlag(FLAGS_out);
+  if (model_path.empty() || out.empty()) {
+    return UsageError("tensorize", "tensorize needs --model PATH and --out FILE");
+  }
+  NativeTensorizeOptions write_options;
+  if (const std::string dtype = absl::GetFlag(FLAGS_dtype); !dtype.empty()) {
+    absl::StatusOr<DType> parsed = ParseDType(dtype);
+    if (!parsed.ok() || *parsed == DType::kF16) {
+      return UsageError("tensorize", "--dtype must be bf16 or f32");
+    }
+    write_options.dtype = *parsed;
+  }
+  std::error_code ec;
+  if (std::filesystem::exists(out, ec) && !absl::GetFlag(FLAGS_overwrite)) {
+    return Fail(absl::AlreadyExistsError(out + " exists (pass --overwrite to replace it)"));
+  }
+  LoadOptions options;
+  absl::StatusOr<TensorizerCheckpointOptions> tensorizer = TensorizerFlags();
+  if (!tensorizer.ok()) return Fail(tensorizer.status());
+  options.tensorizer = *std::move(tensorizer);
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<OpenedCheckpoint> opened = OpenCheckpoint(model_path, options);
+  if (!opened.ok()) return Fail(opened.status());
+  write_options.embedded_files = opened->source.provenance().embedded_files;
+  if (write_options.embedded_files.empty()) {
+    absl::StatusOr<std::map<std::string, std::string>> files =
+        CollectEmbeddableFiles(opened->location.dir);
+    if (!files.ok()) return Fail(files.status());
+    write_options.embedded_files = *std::move(files);
+  }
+  absl::StatusOr<NativeTensorizeResult> written =
+      WriteNativeTensorized(out, opened->source, opened->config, write_options);
+  if (!written.ok()) return Fail(written.status());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::cout << "wrote " << out << ": " << written->tensors << " tensors, " << written->bytes
+            << " bytes, engine layout"
+            << (write_options.dtype ? absl::StrCat(", ", DTypeName(*write_options.dtype)) : "")
+            << ", " << write_options.embedded_files.size() << " embedded file(s), " << seconds
+            << " s\n";
   return kExitOk;
 }
 

@@ -154,6 +154,11 @@ int ModelsLoad(const Args& args) {
   request.set_path(args[1]);
   request.set_dtype(dtype);
   request.set_format(absl::GetFlag(FLAGS_format));
+  kiln::v1::TensorizerOptions* tensorizer = request.mutable_tensorizer();
+  tensorizer->set_config_path(absl::GetFlag(FLAGS_tensorizer_config));
+  tensorizer->set_encryption_key_file(absl::GetFlag(FLAGS_encryption_key_file));
+  tensorizer->set_encryption_passphrase_file(absl::GetFlag(FLAGS_encryption_passphrase_file));
+  tensorizer->set_skip_hash_verification(absl::GetFlag(FLAGS_skip_hash_verification));
   kiln::v1::ModelInfo response;
   if (absl::Status status = CallModels(&kiln::v1::Models::Stub::LoadModel, request, &response);
       !status.ok()) {
@@ -192,6 +197,30 @@ int ModelsGet(const Args& args) {
   }
   if (absl::GetFlag(FLAGS_json)) return PrintJson(response);
   PrintModel(response, absl::GetFlag(FLAGS_verbose));
+  return kExitOk;
+}
+
+int ModelsTensorize(const Args& args) {
+  if (absl::Status status = ExpectArgs(args, 2, "NAME OUT"); !status.ok()) {
+    return UsageError("models tensorize", status.message());
+  }
+  const std::string dtype = absl::GetFlag(FLAGS_dtype);
+  if (!dtype.empty() && dtype != "bf16" && dtype != "f32") {
+    return UsageError("models tensorize",
+                      absl::StrCat("--dtype must be bf16 or f32, not \"", dtype, "\""));
+  }
+  kiln::v1::TensorizeRequest request;
+  request.set_model(args[0]);
+  request.set_output_path(args[1]);
+  request.set_dtype(dtype);
+  request.set_overwrite(absl::GetFlag(FLAGS_overwrite));
+  kiln::v1::TensorizeResponse response;
+  if (absl::Status status = CallModels(&kiln::v1::Models::Stub::Tensorize, request, &response);
+      !status.ok()) {
+    return ReportError(status);
+  }
+  std::cout << "wrote " << response.path() << ": " << response.tensors() << " tensors, "
+            << response.bytes() << " bytes in " << response.seconds() << " s\n";
   return kExitOk;
 }
 

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "engine/speculative.h"
 
 namespace kiln {
 namespace {
@@ -47,7 +48,18 @@ struct Engine::Sequence {
   Clock::time_point first_token;
   bool finished = false;
 
+  // Speculative decoding (num_draft_tokens > 0).
+  int32_t num_draft_tokens = 0;
+  std::unique_ptr<DraftSession> draft;
+  std::vector<int32_t> context;      // prompt + output, as the draft session sees it
+  std::vector<int32_t> step_tokens;  // this step's verified chunk: last token, then the drafts
+  Draft proposal;                    // this step's drafts
+  std::vector<float> hidden;         // target hidden rows not yet handed to the session
+  int64_t hidden_first = 0;          // the position of its first row
+  SpeculativeStats speculative;
+
   bool prefill_done() const { return prefilled == request.prompt.size(); }
+  bool verifying() const { return !step_tokens.empty(); }
 };
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const PreparedModel> model,
@@ -57,6 +69,13 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const Pre
   if (options.max_running < 1 || options.max_queued < 0 || options.max_step_tokens < 1 ||
       options.max_context < 2) {
     return absl::InvalidArgumentError("engine options must be positive");
+  }
+  if (options.default_num_draft_tokens < 0 || options.default_num_draft_tokens > kMaxDraftTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("default_num_draft_tokens must be between 0 and ", kMaxDraftTokens));
+  }
+  if (options.default_num_draft_tokens > 0 && options.draft_source == nullptr) {
+    return absl::InvalidArgumentError("default_num_draft_tokens > 0 needs a draft source");
   }
   auto engine =
       std::unique_ptr<Engine>(new Engine(std::move(model), std::move(tokenizer), options));
@@ -97,8 +116,19 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request, UpdateCallbac
   if (request.logprobs < 0 || request.logprobs > 20) {
     return absl::InvalidArgumentError("logprobs must be between 0 and 20");
   }
+  const int32_t drafts = request.num_draft_tokens.value_or(options_.default_num_draft_tokens);
+  if (drafts < 0 || drafts > kMaxDraftTokens) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("num_draft_tokens must be between 0 and ", kMaxDraftTokens));
+  }
+  if (drafts > 0 && options_.draft_source == nullptr) {
+    return absl::InvalidArgumentError(
+        "num_draft_tokens > 0 but this model has no draft source: speculative decoding is not "
+        "available");
+  }
 
   auto sequence = std::make_unique<Sequence>();
+  sequence->num_draft_tokens = drafts;
   sequence->request = std::move(request);
   sequence->on_update = std::move(on_update);
   sequence->submitted = Clock::now();
@@ -160,7 +190,9 @@ void Engine::Finish(Sequence& sequence, FinishReason reason, absl::Status status
     update.time_to_first_token_seconds = SecondsBetween(sequence.submitted, sequence.first_token);
   }
   update.total_seconds = SecondsBetween(sequence.submitted, now);
+  update.speculative = sequence.speculative;
   sequence.finished = true;
+  sequence.draft.reset();
   if (sequence.cache.has_value()) {
     const uint64_t bytes = sequence.cache->bytes();
     sequence.cache.reset();  // frees the KV cache now, before the client hears of the end
@@ -216,17 +248,121 @@ void Engine::Admit() {
       stats_.running++;
       if (tokenizer_ != nullptr)
         sequence->decoder.emplace(*tokenizer_, /*skip_special_tokens=*/true);
+      if (sequence->num_draft_tokens > 0) {
+        absl::StatusOr<std::unique_ptr<DraftSession>> session =
+            options_.draft_source->StartSession(sequence->request.prompt, capacity);
+        if (!session.ok()) {
+          Finish(*sequence, FinishReason::kNone, session.status());
+          continue;
+        }
+        sequence->draft = std::move(*session);
+        sequence->context = sequence->request.prompt;
+      }
     }
   }
   std::erase_if(running_, [](const auto& sequence) { return sequence->finished; });
+}
+
+bool Engine::ProposeDrafts(Sequence& sequence) {
+  sequence.step_tokens.clear();
+  if (sequence.draft == nullptr || !sequence.prefill_done() || sequence.output.empty()) {
+    return true;
+  }
+  // Drafts past max_tokens or past the cache would be wasted: k + 1 new positions must fit
+  // after the cache's prompt + output − 1.
+  const int64_t produced = static_cast<int64_t>(sequence.output.size());
+  const int64_t k = std::min<int64_t>(
+      {sequence.num_draft_tokens, sequence.request.stopping.max_tokens - produced - 1,
+       sequence.cache->capacity() - static_cast<int64_t>(sequence.request.prompt.size()) -
+           produced});
+  if (k <= 0) return true;
+  const HiddenStates hidden{sequence.hidden_first, model_->config().hidden_size, sequence.hidden};
+  absl::StatusOr<Draft> proposal =
+      sequence.draft->Propose(static_cast<int32_t>(k), sequence.context, hidden);
+  absl::Status status = proposal.status();
+  if (status.ok()) {
+    status = ValidateDraft(*proposal, static_cast<int32_t>(k), model_->config().vocab_size);
+    if (!status.ok()) {
+      status = absl::InternalError(absl::StrCat("draft source: ", status.message()));
+    }
+  }
+  if (!status.ok()) {
+    LOG(ERROR) << "draft proposal failed: " << status;
+    Finish(sequence, FinishReason::kNone, status);
+    return false;
+  }
+  sequence.hidden_first += hidden.rows();
+  sequence.hidden.clear();
+  sequence.proposal = std::move(*proposal);
+  if (sequence.proposal.tokens.empty()) return true;
+  sequence.step_tokens.push_back(sequence.output.back());
+  sequence.step_tokens.insert(sequence.step_tokens.end(), sequence.proposal.tokens.begin(),
+                              sequence.proposal.tokens.end());
+  return true;
+}
+
+FinishReason Engine::Emit(Sequence& sequence, SampledToken sampled, GenerationUpdate& update) {
+  const StoppingParams& stopping = sequence.request.stopping;
+  const int32_t token = sampled.token_id;
+  if (sequence.output.empty()) sequence.first_token = Clock::now();
+  sequence.output.push_back(token);
+  if (sequence.draft != nullptr) sequence.context.push_back(token);
+  update.token_ids.push_back(token);
+  if (sequence.request.logprobs > 0) update.logprobs.push_back(std::move(sampled));
+
+  if (sequence.decoder.has_value()) {
+    absl::StatusOr<std::string> text = sequence.decoder->Push(token);
+    if (text.ok()) sequence.held_text += *text;
+    const std::vector<std::string>& stops = stopping.stop;
+    size_t stop_at = std::string::npos;
+    for (const std::string& stop : stops) {
+      stop_at = std::min(stop_at, sequence.held_text.find(stop));
+    }
+    if (stop_at != std::string::npos) {
+      update.text += sequence.held_text.substr(0, stop_at);
+      sequence.held_text.clear();
+      sequence.decoder.reset();  // nothing after a stop string is sent
+      return FinishReason::kStop;
+    }
+    const size_t keep = HeldBackForStops(sequence.held_text, stops);
+    update.text += sequence.held_text.substr(0, sequence.held_text.size() - keep);
+    sequence.held_text.erase(0, sequence.held_text.size() - keep);
+  }
+  const std::vector<int32_t>& model_eos = model_->config().eos_token_ids;
+  const bool is_eos =
+      (tokenizer_ != nullptr && std::find(tokenizer_->special_tokens().eos_ids.begin(),
+                                          tokenizer_->special_tokens().eos_ids.end(),
+                                          token) != tokenizer_->special_tokens().eos_ids.end()) ||
+      std::find(model_eos.begin(), model_eos.end(), token) != model_eos.end();
+  if (!stopping.ignore_eos && is_eos) return FinishReason::kEos;
+  if (std::find(stopping.stop_token_ids.begin(), stopping.stop_token_ids.end(), token) !=
+      stopping.stop_token_ids.end()) {
+    return FinishReason::kStop;
+  }
+  // The cache holds prompt + output − 1 positions; the next step needs one more.
+  if (static_cast<int32_t>(sequence.output.size()) >= stopping.max_tokens ||
+      static_cast<int64_t>(sequence.request.prompt.size() + sequence.output.size()) >
+          sequence.cache->capacity()) {
+    return FinishReason::kLength;
+  }
+  return FinishReason::kNone;
 }
 
 bool Engine::Step() {
   Admit();
   if (running_.empty()) return false;
 
+  // Drafts come first: a session may run forwards of its own.
+  const Clock::time_point draft_start = Clock::now();
+  bool drafted = false;
+  for (auto& sequence : running_) drafted |= sequence->draft != nullptr && ProposeDrafts(*sequence);
+  std::erase_if(running_, [](const auto& sequence) { return sequence->finished; });
+  const double draft_seconds = drafted ? SecondsBetween(draft_start, Clock::now()) : 0.0;
+  if (running_.empty()) return true;
+
   // One batched forward: the next prompt chunk of each prefilling sequence (within the step's
-  // token budget) and the last token of each decoding one.
+  // token budget), the last token of each decoding one, and that token plus the drafts of each
+  // speculating one (with logits for all of them).
   std::vector<SequenceChunk> chunks;
   std::vector<Sequence*> stepped;
   int64_t budget = options_.max_step_tokens;
@@ -240,14 +376,21 @@ bool Engine::Step() {
       chunk.tokens =
           std::span<const int32_t>(sequence->request.prompt).subspan(sequence->prefilled, n);
       budget -= static_cast<int64_t>(n);
+    } else if (sequence->verifying()) {
+      chunk.tokens = sequence->step_tokens;
+      chunk.all_logits = true;
     } else {
       chunk.tokens = std::span<const int32_t>(sequence->output).last(1);
     }
     chunks.push_back(chunk);
     stepped.push_back(sequence.get());
   }
-  std::vector<float> logits;
-  absl::Status status = model_->Forward(chunks, &logits);
+  const bool want_hidden =
+      options_.draft_source != nullptr && options_.draft_source->needs_target_hidden();
+  std::vector<float> logits, hidden;
+  const Clock::time_point forward_start = Clock::now();
+  absl::Status status = model_->Forward(chunks, &logits, want_hidden ? &hidden : nullptr);
+  const double forward_seconds = SecondsBetween(forward_start, Clock::now());
   if (!status.ok()) {
     LOG(ERROR) << "forward step failed: " << status;
     for (Sequence* sequence : stepped) Finish(*sequence, FinishReason::kNone, status);
@@ -256,66 +399,82 @@ bool Engine::Step() {
   }
 
   const int64_t vocab = model_->config().vocab_size;
-  const std::vector<int32_t>& model_eos = model_->config().eos_token_ids;
+  const size_t hidden_size = static_cast<size_t>(model_->config().hidden_size);
+  struct Delivery {
+    Sequence* sequence;
+    GenerationUpdate update;
+    FinishReason reason;
+  };
+  std::vector<Delivery> delivered;
+  uint64_t generated = 0;
+  SpeculativeStats speculative;
+  size_t logits_row = 0, hidden_row = 0;
   for (size_t i = 0; i < stepped.size(); ++i) {
     Sequence& sequence = *stepped[i];
+    const size_t n = chunks[i].tokens.size();
+    const size_t rows = chunks[i].all_logits ? n : 1;
+    const std::span<float> chunk_logits(logits.data() + logits_row * static_cast<size_t>(vocab),
+                                        rows * static_cast<size_t>(vocab));
+    const float* chunk_hidden = want_hidden ? hidden.data() + hidden_row * hidden_size : nullptr;
+    logits_row += rows;
+    hidden_row += n;
+    // Hidden rows of the positions that stay in the cache, for the draft session.
+    auto keep_hidden = [&](size_t kept) {
+      if (want_hidden && sequence.draft != nullptr) {
+        sequence.hidden.insert(sequence.hidden.end(), chunk_hidden,
+                               chunk_hidden + kept * hidden_size);
+      }
+    };
     if (!sequence.prefill_done()) {
-      sequence.prefilled += chunks[i].tokens.size();
+      sequence.prefilled += n;
+      keep_hidden(n);
       if (!sequence.prefill_done()) continue;
+    } else if (!sequence.verifying()) {
+      keep_hidden(1);
     }
-    const StoppingParams& stopping = sequence.request.stopping;
-    std::span<float> row(logits.data() + static_cast<size_t>(i) * static_cast<size_t>(vocab),
-                         static_cast<size_t>(vocab));
-    SampledToken sampled = sequence.sampler->Sample(row, sequence.request.logprobs);
-    const int32_t token = sampled.token_id;
-    sequence.sampler->Accept(token);
-    if (sequence.output.empty()) sequence.first_token = Clock::now();
-    sequence.output.push_back(token);
 
     GenerationUpdate update;
-    update.token_ids = {token};
-    if (sequence.request.logprobs > 0) update.logprobs.push_back(std::move(sampled));
     FinishReason reason = FinishReason::kNone;
-    if (sequence.decoder.has_value()) {
-      absl::StatusOr<std::string> text = sequence.decoder->Push(token);
-      if (text.ok()) sequence.held_text += *text;
-      const std::vector<std::string>& stops = stopping.stop;
-      size_t stop_at = std::string::npos;
-      for (const std::string& stop : stops)
-        stop_at = std::min(stop_at, sequence.held_text.find(stop));
-      if (stop_at != std::string::npos) {
-        update.text = sequence.held_text.substr(0, stop_at);
-        sequence.held_text.clear();
-        sequence.decoder.reset();  // nothing after a stop string is sent
-        reason = FinishReason::kStop;
-      } else {
-        const size_t keep = HeldBackForStops(sequence.held_text, stops);
-        update.text = sequence.held_text.substr(0, sequence.held_text.size() - keep);
-        sequence.held_text.erase(0, sequence.held_text.size() - keep);
+    if (!sequence.verifying()) {
+      SampledToken sampled = sequence.sampler->Sample(chunk_logits, sequence.request.logprobs);
+      sequence.sampler->Accept(sampled.token_id);
+      reason = Emit(sequence, std::move(sampled), update);
+    } else {
+      Verification verified = VerifyDraft(*sequence.sampler, chunk_logits, vocab, sequence.proposal,
+                                          sequence.request.logprobs);
+      const int64_t k = static_cast<int64_t>(sequence.proposal.tokens.size());
+      // The cache now ends with the last token and k drafts; the rejected drafts go.
+      sequence.cache->Truncate(sequence.cache->length() - k + verified.accepted);
+      keep_hidden(static_cast<size_t>(verified.accepted) + 1);
+      sequence.draft->Commit(verified.accepted);
+      sequence.speculative.drafted += k;
+      sequence.speculative.accepted += verified.accepted;
+      speculative.drafted += k;
+      speculative.accepted += verified.accepted;
+      // Tokens after a stop are dropped, as they would never have been sampled.
+      for (SampledToken& sampled : verified.tokens) {
+        reason = Emit(sequence, std::move(sampled), update);
+        if (reason != FinishReason::kNone) break;
       }
     }
-    const bool is_eos =
-        (tokenizer_ != nullptr && std::find(tokenizer_->special_tokens().eos_ids.begin(),
-                                            tokenizer_->special_tokens().eos_ids.end(),
-                                            token) != tokenizer_->special_tokens().eos_ids.end()) ||
-        std::find(model_eos.begin(), model_eos.end(), token) != model_eos.end();
-    if (reason == FinishReason::kNone) {
-      if (!stopping.ignore_eos && is_eos) {
-        reason = FinishReason::kEos;
-      } else if (std::find(stopping.stop_token_ids.begin(), stopping.stop_token_ids.end(), token) !=
-                 stopping.stop_token_ids.end()) {
-        reason = FinishReason::kStop;
-      } else if (static_cast<int32_t>(sequence.output.size()) >= stopping.max_tokens ||
-                 sequence.cache->length() + 1 > sequence.cache->capacity()) {
-        reason = FinishReason::kLength;
-      }
-    }
-    sequence.on_update(std::move(update));
-    if (reason != FinishReason::kNone) Finish(sequence, reason, {});
+    generated += update.token_ids.size();
+    delivered.push_back({&sequence, std::move(update), reason});
+  }
+  // Stats first, so that a client that sees its last update also sees its step counted.
+  {
+    absl::MutexLock lock(&mutex_);
+    stats_.steps++;
+    stats_.generated_tokens += generated;
+    stats_.speculative.drafted += speculative.drafted;
+    stats_.speculative.accepted += speculative.accepted;
+    stats_.forward_seconds += forward_seconds;
+    stats_.draft_seconds += draft_seconds;
+  }
+  for (Delivery& delivery : delivered) {
+    delivery.sequence->on_update(std::move(delivery.update));
+    if (delivery.reason != FinishReason::kNone) Finish(*delivery.sequence, delivery.reason, {});
   }
   std::erase_if(running_, [](const auto& sequence) { return sequence->finished; });
-  absl::MutexLock lock(&mutex_);
-  stats_.steps++;
   return true;
 }
 
@@ -332,7 +491,9 @@ void Engine::Loop() {
     Step();
   }
   absl::MutexLock lock(&mutex_);
-  stats_ = EngineStats{0, 0, 0, stats_.steps};
+  stats_.running = 0;
+  stats_.waiting = 0;
+  stats_.kv_cache_bytes = 0;
 }
 
 }  // namespace kiln

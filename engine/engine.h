@@ -1,12 +1,15 @@
 // One step loop per model (design.md §2): each step admits waiting requests, runs prefill chunks
 // and decode tokens of every running sequence in one batched forward, samples, and streams
 // updates out. Cancelled or finished sequences free their KV cache at the next step.
+// Sequences that speculate (engine/draft_source.h) have their drafts verified in the same
+// batched forward: k + 1 positions each, then rejected positions are rolled back.
 #pragma once
 
 #include <cstdint>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -14,6 +17,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "engine/draft_source.h"
 #include "engine/sampling.h"
 #include "models/prepared_model.h"
 #include "tokenizer/tokenizer.h"
@@ -32,9 +36,19 @@ struct GenerationRequest {
   SamplingParams sampling;
   StoppingParams stopping;
   int32_t logprobs = 0;  // top-n log-probabilities per token; 0 = none
+  // Draft tokens verified per step (speculative decoding), up to kMaxDraftTokens; 0 = off.
+  // Unset: EngineOptions::default_num_draft_tokens. More than 0 needs an engine with a draft
+  // source. The output is the same as without speculation (for sampling: the same
+  // distribution).
+  std::optional<int32_t> num_draft_tokens;
 };
 
 enum class FinishReason { kNone, kLength, kStop, kEos, kCancelled };
+
+struct SpeculativeStats {
+  int64_t drafted = 0;   // draft tokens verified by the target
+  int64_t accepted = 0;  // of which the target kept
+};
 
 struct GenerationUpdate {
   std::vector<int32_t> token_ids;  // new tokens
@@ -46,6 +60,7 @@ struct GenerationUpdate {
   int32_t completion_tokens = 0;
   double time_to_first_token_seconds = 0;
   double total_seconds = 0;
+  SpeculativeStats speculative;  // cumulative; set on the last update
 };
 
 // Called on the engine's thread; must return quickly (e.g. push into a queue).
@@ -57,13 +72,21 @@ struct EngineOptions {
   int32_t max_step_tokens = 512;  // prompt tokens prefilled per step (chunked prefill)
   int64_t max_context = 4096;     // prompt + output tokens of one sequence
   uint64_t seed = 0;              // seeds requests that bring no seed of their own
+  // Proposes draft tokens for speculative decoding; null = requests cannot speculate.
+  std::shared_ptr<DraftSource> draft_source;
+  int32_t default_num_draft_tokens = 0;  // for requests that leave num_draft_tokens unset
 };
 
 struct EngineStats {
   int32_t running = 0;
   int32_t waiting = 0;
   uint64_t kv_cache_bytes = 0;  // held by running sequences
-  uint64_t steps = 0;
+  // Cumulative over the engine's life:
+  uint64_t steps = 0;             // steps run, i.e. target forwards (verification included)
+  uint64_t generated_tokens = 0;  // tokens sent to clients
+  SpeculativeStats speculative;
+  double forward_seconds = 0;  // in target forwards
+  double draft_seconds = 0;    // in DraftSession::Propose
 };
 
 class Engine {
@@ -98,6 +121,10 @@ class Engine {
   bool Step();  // false when there is nothing to do
   void Admit();
   void Finish(Sequence& sequence, FinishReason reason, absl::Status status);
+  // Proposes this step's drafts; false when the sequence failed (and was finished).
+  bool ProposeDrafts(Sequence& sequence);
+  // Appends a token to the output and to `update`; returns why the sequence ends, if it does.
+  FinishReason Emit(Sequence& sequence, SampledToken sampled, GenerationUpdate& update);
 
   std::shared_ptr<const PreparedModel> model_;
   std::shared_ptr<const Tokenizer> tokenizer_;

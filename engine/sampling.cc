@@ -72,28 +72,72 @@ void Sampler::ApplyPenalties(std::span<float> logits) const {
   }
 }
 
-SampledToken Sampler::Sample(std::span<float> logits, int32_t top_logprobs) {
+SampledToken Sampler::Describe(std::span<const float> logits, int32_t token_id,
+                               int32_t top_logprobs) {
   SampledToken result;
+  result.token_id = token_id;
   // Log-probabilities describe the model's own distribution, before any processing.
   const float log_normalizer = LogSumExp(logits);
   if (top_logprobs > 0) {
     const size_t n = std::min<size_t>(static_cast<size_t>(top_logprobs), logits.size());
-    scratch_.clear();
-    for (size_t i = 0; i < logits.size(); ++i) {
-      scratch_.emplace_back(logits[i], static_cast<int32_t>(i));
-    }
-    std::partial_sort(scratch_.begin(), scratch_.begin() + static_cast<long>(n), scratch_.end(),
+    std::vector<std::pair<float, int32_t>> order;
+    order.reserve(logits.size());
+    for (size_t i = 0; i < logits.size(); ++i)
+      order.emplace_back(logits[i], static_cast<int32_t>(i));
+    std::partial_sort(order.begin(), order.begin() + static_cast<long>(n), order.end(),
                       [](const auto& a, const auto& b) { return a.first > b.first; });
     for (size_t i = 0; i < n; ++i) {
-      result.top.push_back({scratch_[i].second, scratch_[i].first - log_normalizer});
+      result.top.push_back({order[i].second, order[i].first - log_normalizer});
     }
   }
+  result.logprob = logits[static_cast<size_t>(token_id)] - log_normalizer;
+  return result;
+}
+
+size_t Sampler::Truncate(std::span<const float> logits) {
+  scratch_.clear();
+  for (size_t i = 0; i < logits.size(); ++i) {
+    scratch_.emplace_back(logits[i] / params_.temperature, static_cast<int32_t>(i));
+  }
+  size_t keep = scratch_.size();
+  if (params_.top_k > 0) keep = std::min<size_t>(keep, static_cast<size_t>(params_.top_k));
+  std::partial_sort(scratch_.begin(), scratch_.begin() + static_cast<long>(keep), scratch_.end(),
+                    [](const auto& a, const auto& b) { return a.first > b.first; });
+  const float max = scratch_.front().first;
+  weights_.resize(keep);
+  double total = 0;
+  for (size_t i = 0; i < keep; ++i) {
+    weights_[i] = std::exp(static_cast<double>(scratch_[i].first - max));
+    total += weights_[i];
+  }
+  // top_p: the smallest prefix whose mass reaches top_p.
+  if (params_.top_p < 1.0f) {
+    double mass = 0;
+    size_t kept = 0;
+    while (kept < keep) {
+      mass += weights_[kept] / total;
+      ++kept;
+      if (mass >= params_.top_p) break;
+    }
+    keep = kept;
+  }
+  // min_p: drop tokens below min_p × the top probability.
+  if (params_.min_p > 0.0f) {
+    size_t kept = 0;
+    while (kept < keep && weights_[kept] >= params_.min_p * weights_[0]) ++kept;
+    keep = std::max<size_t>(kept, 1);
+  }
+  return keep;
+}
+
+SampledToken Sampler::Sample(std::span<float> logits, int32_t top_logprobs) {
   std::vector<float> raw;
   raw.assign(logits.begin(), logits.end());
 
   ApplyPenalties(logits);
+  int32_t token_id = 0;
   if (params_.temperature == 0.0f) {
-    result.token_id =
+    token_id =
         static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
   } else if (params_.top_k == 0 && params_.top_p >= 1.0f && params_.min_p == 0.0f) {
     // Plain sampling at the temperature: no sort needed.
@@ -105,63 +149,87 @@ SampledToken Sampler::Sample(std::span<float> logits, int32_t top_logprobs) {
     }
     const double draw = std::uniform_real_distribution<double>(0.0, total)(rng_);
     double cumulative = 0;
-    result.token_id = static_cast<int32_t>(logits.size()) - 1;
+    token_id = static_cast<int32_t>(logits.size()) - 1;
     for (size_t i = 0; i < logits.size(); ++i) {
       cumulative += logits[i];
       if (draw < cumulative) {
-        result.token_id = static_cast<int32_t>(i);
+        token_id = static_cast<int32_t>(i);
         break;
       }
     }
   } else {
     // Candidates sorted by logit, then softmax over them at the temperature.
-    scratch_.clear();
-    for (size_t i = 0; i < logits.size(); ++i) {
-      scratch_.emplace_back(logits[i] / params_.temperature, static_cast<int32_t>(i));
-    }
-    size_t keep = scratch_.size();
-    if (params_.top_k > 0) keep = std::min<size_t>(keep, static_cast<size_t>(params_.top_k));
-    std::partial_sort(scratch_.begin(), scratch_.begin() + static_cast<long>(keep), scratch_.end(),
-                      [](const auto& a, const auto& b) { return a.first > b.first; });
-    const float max = scratch_.front().first;
-    std::vector<double> probs(keep);
-    double total = 0;
-    for (size_t i = 0; i < keep; ++i) {
-      probs[i] = std::exp(static_cast<double>(scratch_[i].first - max));
-      total += probs[i];
-    }
-    // top_p: the smallest prefix whose mass reaches top_p.
-    if (params_.top_p < 1.0f) {
-      double mass = 0;
-      size_t kept = 0;
-      while (kept < keep) {
-        mass += probs[kept] / total;
-        ++kept;
-        if (mass >= params_.top_p) break;
-      }
-      keep = kept;
-    }
-    // min_p: drop tokens below min_p × the top probability.
-    if (params_.min_p > 0.0f) {
-      size_t kept = 0;
-      while (kept < keep && probs[kept] >= params_.min_p * probs[0]) ++kept;
-      keep = std::max<size_t>(kept, 1);
-    }
+    const size_t keep = Truncate(logits);
     double kept_total = 0;
-    for (size_t i = 0; i < keep; ++i) kept_total += probs[i];
+    for (size_t i = 0; i < keep; ++i) kept_total += weights_[i];
     const double draw = std::uniform_real_distribution<double>(0.0, kept_total)(rng_);
     double cumulative = 0;
-    result.token_id = scratch_[keep - 1].second;
+    token_id = scratch_[keep - 1].second;
     for (size_t i = 0; i < keep; ++i) {
-      cumulative += probs[i];
+      cumulative += weights_[i];
       if (draw < cumulative) {
-        result.token_id = scratch_[i].second;
+        token_id = scratch_[i].second;
         break;
       }
     }
   }
-  result.logprob = raw[static_cast<size_t>(result.token_id)] - log_normalizer;
-  return result;
+  return Describe(raw, token_id, top_logprobs);
 }
+
+std::span<const float> Sampler::Penalized(std::span<const float> logits) {
+  const bool penalties = params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f ||
+                         params_.frequency_penalty != 0.0f;
+  if (!penalties) return logits;  // spares a vocab-sized copy per verified position
+  penalized_.assign(logits.begin(), logits.end());
+  ApplyPenalties(penalized_);
+  return penalized_;
+}
+
+int32_t Sampler::Argmax(std::span<const float> logits) {
+  const std::span<const float> x = Penalized(logits);
+  return static_cast<int32_t>(std::max_element(x.begin(), x.end()) - x.begin());
+}
+
+void Sampler::Distribution(std::span<const float> logits, std::vector<float>* probs) {
+  const std::span<const float> x = Penalized(logits);
+  probs->assign(x.size(), 0.0f);
+  if (params_.temperature == 0.0f) {
+    (*probs)[static_cast<size_t>(std::max_element(x.begin(), x.end()) - x.begin())] = 1.0f;
+  } else if (params_.top_k == 0 && params_.top_p >= 1.0f && params_.min_p == 0.0f) {
+    const float max = *std::max_element(x.begin(), x.end());
+    double total = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      // The same float rounding as Sample's fast path.
+      (*probs)[i] =
+          static_cast<float>(std::exp(static_cast<double>((x[i] - max) / params_.temperature)));
+      total += (*probs)[i];
+    }
+    for (float& p : *probs) p = static_cast<float>(p / total);
+  } else {
+    const size_t keep = Truncate(x);
+    double total = 0;
+    for (size_t i = 0; i < keep; ++i) total += weights_[i];
+    for (size_t i = 0; i < keep; ++i) {
+      (*probs)[static_cast<size_t>(scratch_[i].second)] = static_cast<float>(weights_[i] / total);
+    }
+  }
+}
+
+int32_t Sampler::Draw(std::span<const float> weights) {
+  double total = 0;
+  for (float w : weights) total += w;
+  const double draw = std::uniform_real_distribution<double>(0.0, total)(rng_);
+  double cumulative = 0;
+  int32_t last_positive = 0;
+  for (size_t i = 0; i < weights.size(); ++i) {
+    if (weights[i] <= 0.0f) continue;
+    cumulative += weights[i];
+    last_positive = static_cast<int32_t>(i);
+    if (draw < cumulative) return last_positive;
+  }
+  return last_positive;  // rounding left the draw past the last step
+}
+
+double Sampler::Uniform() { return std::uniform_real_distribution<double>(0.0, 1.0)(rng_); }
 
 }  // namespace kiln

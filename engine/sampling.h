@@ -49,14 +49,37 @@ class Sampler {
   // Records a token that became part of the output (sampled or accepted).
   void Accept(int32_t token_id);
 
+  // The following serve speculative decoding, which needs the distribution Sample draws from.
+  bool greedy() const { return params_.temperature == 0.0f; }
+  // The token greedy sampling picks: the argmax after penalties.
+  int32_t Argmax(std::span<const float> logits);
+  // Writes to `probs` (resized to vocab) the distribution Sample draws from given the tokens
+  // accepted so far: penalties, temperature, top-k, top-p, min-p. Greedy gives a one-hot vector.
+  void Distribution(std::span<const float> logits, std::vector<float>* probs);
+  // Draws an index with probability proportional to `weights` (non-negative, sum > 0).
+  int32_t Draw(std::span<const float> weights);
+  // A uniform draw in [0, 1) from this sampler's generator.
+  double Uniform();
+  // The chosen token's log-probability under the model's raw distribution, plus the
+  // `top_logprobs` most likely tokens: what Sample reports.
+  static SampledToken Describe(std::span<const float> logits, int32_t token_id,
+                               int32_t top_logprobs);
+
  private:
   void ApplyPenalties(std::span<float> logits) const;
+  // `logits` with penalties applied (a copy in penalized_ when there are any).
+  std::span<const float> Penalized(std::span<const float> logits);
+  // Sorts the candidates that survive top-k into scratch_ (logit / temperature, id) and writes
+  // their unnormalized weights after top-p and min-p to weights_; returns how many remain.
+  size_t Truncate(std::span<const float> logits);
 
   SamplingParams params_;
   std::mt19937_64 rng_;
   absl::flat_hash_map<int32_t, int32_t> prompt_counts_;
   absl::flat_hash_map<int32_t, int32_t> output_counts_;
   std::vector<std::pair<float, int32_t>> scratch_;
+  std::vector<double> weights_;
+  std::vector<float> penalized_;
 };
 
 }  // namespace kiln

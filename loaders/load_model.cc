@@ -1,55 +1,111 @@
 #include "loaders/load_model.h"
 
+#include <algorithm>
 #include <chrono>
 #include <system_error>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "loaders/safetensors.h"
 
 namespace kiln {
 
-absl::StatusOr<CheckpointFormat> SniffCheckpoint(const std::filesystem::path& path) {
-  std::error_code error;
-  if (!std::filesystem::is_directory(path, error)) {
-    return absl::NotFoundError(absl::StrCat(path.string(), " is not a model directory"));
-  }
-  if (std::filesystem::exists(path / "model.safetensors.index.json", error) ||
-      std::filesystem::exists(path / "model.safetensors", error)) {
-    return CheckpointFormat::kSafetensors;
-  }
-  return absl::NotFoundError(absl::StrCat(
-      path.string(),
-      " holds no checkpoint kiln can read (looked for model.safetensors.index.json and "
-      "model.safetensors)"));
+namespace fs = std::filesystem;
+
+absl::string_view CheckpointFormatName(CheckpointFormat format) {
+  return format == CheckpointFormat::kTensorizer ? "tensorizer" : "safetensors";
 }
 
-absl::StatusOr<std::unique_ptr<PreparedModel>> LoadModel(const std::filesystem::path& path,
-                                                         std::shared_ptr<Backend> backend,
-                                                         const LoadOptions& options) {
+absl::StatusOr<CheckpointLocation> SniffCheckpoint(const fs::path& path) {
+  std::error_code error;
+  if (fs::is_regular_file(path, error)) {
+    if (!HasTensorizerMagic(path)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(path.string(),
+                       " is a file but not a Tensorizer file (no \"|TZR|\" magic); give a "
+                       "model directory or a .tensors file"));
+    }
+    return CheckpointLocation{CheckpointFormat::kTensorizer, path.parent_path(), path};
+  }
+  if (!fs::is_directory(path, error)) {
+    return absl::NotFoundError(
+        absl::StrCat(path.string(), " is neither a model directory nor a Tensorizer file"));
+  }
+  if (fs::exists(path / "model.safetensors.index.json", error) ||
+      fs::exists(path / "model.safetensors", error)) {
+    return CheckpointLocation{CheckpointFormat::kSafetensors, path, {}};
+  }
+  // vLLM's default name inside a tensorizer directory, else the only .tensors file.
+  if (fs::is_regular_file(path / "model.tensors", error)) {
+    return CheckpointLocation{CheckpointFormat::kTensorizer, path, path / "model.tensors"};
+  }
+  std::vector<fs::path> tensors_files;
+  for (const fs::directory_entry& entry : fs::directory_iterator(path, error)) {
+    if (entry.path().extension() == ".tensors" && entry.is_regular_file(error)) {
+      tensors_files.push_back(entry.path());
+    }
+  }
+  if (tensors_files.size() == 1) {
+    return CheckpointLocation{CheckpointFormat::kTensorizer, path, tensors_files.front()};
+  }
+  if (tensors_files.size() > 1) {
+    std::vector<std::string> names;
+    for (const fs::path& file : tensors_files) names.push_back(file.filename().string());
+    std::sort(names.begin(), names.end());
+    return absl::InvalidArgumentError(
+        absl::StrCat(path.string(), " holds several Tensorizer files (", absl::StrJoin(names, ", "),
+                     "); name the one to load"));
+  }
+  return absl::NotFoundError(
+      absl::StrCat(path.string(),
+                   " holds no checkpoint kiln can read (looked for model.safetensors.index.json, "
+                   "model.safetensors, model.tensors and *.tensors)"));
+}
+
+absl::StatusOr<OpenedCheckpoint> OpenCheckpoint(const fs::path& path, const LoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
-  KILN_ASSIGN_OR_RETURN(CheckpointFormat format, SniffCheckpoint(path));
-  KILN_ASSIGN_OR_RETURN(ModelConfig config, ReadModelConfig((path / "config.json").string()));
-  WeightSource source;
-  switch (format) {
+  OpenedCheckpoint opened;
+  KILN_ASSIGN_OR_RETURN(opened.location, SniffCheckpoint(path));
+  switch (opened.location.format) {
     case CheckpointFormat::kSafetensors: {
-      KILN_ASSIGN_OR_RETURN(source, OpenSafetensorsCheckpoint(path));
+      KILN_ASSIGN_OR_RETURN(opened.config,
+                            ReadModelConfig((opened.location.dir / "config.json").string()));
+      KILN_ASSIGN_OR_RETURN(opened.source, OpenSafetensorsCheckpoint(opened.location.dir));
+      break;
+    }
+    case CheckpointFormat::kTensorizer: {
+      KILN_ASSIGN_OR_RETURN(TensorizerCheckpoint checkpoint,
+                            OpenTensorizerCheckpoint(opened.location.file, options.tensorizer));
+      opened.config = std::move(checkpoint.config);
+      opened.source = std::move(checkpoint.source);
       break;
     }
   }
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const SourceProvenance& provenance = opened.source.provenance();
+  LOG(INFO) << "opened " << path.string() << ": " << provenance.format << " ("
+            << provenance.format_version << "), " << provenance.files.size() << " file(s), "
+            << opened.source.records().size() << " tensors, " << provenance.bytes_read
+            << " bytes, load mode " << LoadModeName(provenance.load_mode) << ", " << seconds
+            << " s";
+  return opened;
+}
+
+absl::StatusOr<std::unique_ptr<PreparedModel>> LoadModel(const fs::path& path,
+                                                         std::shared_ptr<Backend> backend,
+                                                         const LoadOptions& options) {
+  const auto start = std::chrono::steady_clock::now();
+  KILN_ASSIGN_OR_RETURN(OpenedCheckpoint opened, OpenCheckpoint(path, options));
   const double open_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  const SourceProvenance& provenance = source.provenance();
-  LOG(INFO) << "opened " << path.string() << ": " << provenance.format << ", "
-            << provenance.files.size() << " file(s), " << source.records().size() << " tensors, "
-            << provenance.bytes_read << " bytes, load mode " << LoadModeName(provenance.load_mode)
-            << ", " << open_seconds << " s";
-
   PostLoadOptions post_load;
   post_load.compute_dtype = options.compute_dtype;
   absl::StatusOr<std::unique_ptr<PreparedModel>> model =
-      BuildPreparedModel(std::move(source), config, std::move(backend), post_load);
+      BuildPreparedModel(std::move(opened.source), opened.config, std::move(backend), post_load);
   if (!model.ok()) return KilnAnnotate(model.status(), path.string());
   (*model)->timings().open_seconds = open_seconds;
   return model;

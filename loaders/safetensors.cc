@@ -9,7 +9,10 @@
 #include <system_error>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "base/logging.h"
 #include "loaders/loader_util.h"
 #include "loaders/mapped_file.h"
 #include "loaders/model_root.h"
@@ -273,6 +276,61 @@ absl::StatusOr<WeightSource> OpenSharded(const fs::path& model_dir) {
   return source;
 }
 
+// model.safetensors or model-<digits>-of-<digits>.safetensors: main weights, never a sidecar.
+bool IsMainShardName(absl::string_view name) {
+  if (name == kSingleName) return true;
+  if (!absl::ConsumePrefix(&name, "model-") || !absl::ConsumeSuffix(&name, ".safetensors")) {
+    return false;
+  }
+  const size_t of = name.find("-of-");
+  if (of == absl::string_view::npos) return false;
+  auto digits = [](absl::string_view s) {
+    return !s.empty() &&
+           std::all_of(s.begin(), s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  };
+  return digits(name.substr(0, of)) && digits(name.substr(of + 4));
+}
+
+// Off-index sidecars (GLM-4.7 ships its MTP layer as mtp.safetensors, which the index may not
+// list): every other *.safetensors file in the model directory is read as additional weights.
+// Files already read are skipped, so no tensor is loaded twice; a tensor in two files fails in
+// WeightSource::Add naming both; a symlink that leaves the root fails in OpenSafetensorsFile.
+absl::Status AddSidecars(const fs::path& model_dir, WeightSource& source) {
+  std::set<std::string> already_read;
+  for (const std::string& file : source.provenance().files) {
+    already_read.insert(fs::path(file).lexically_normal().string());
+  }
+  std::vector<std::string> sidecars;
+  std::error_code ec;
+  for (fs::directory_iterator it(model_dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (!absl::EndsWith(name, ".safetensors") || IsMainShardName(name) ||
+        already_read.contains(name)) {
+      continue;
+    }
+    std::error_code type_ec;
+    if (!it->is_symlink(type_ec) && !it->is_regular_file(type_ec)) continue;
+    sidecars.push_back(name);
+  }
+  if (ec) {
+    return absl::InternalError(
+        absl::StrCat("listing model directory ", model_dir.string(), ": ", ec.message()));
+  }
+  std::sort(sidecars.begin(), sidecars.end());
+  for (const std::string& name : sidecars) {
+    absl::StatusOr<WeightSource> sidecar = OpenSafetensorsFile(model_dir, name);
+    if (!sidecar.ok()) {
+      return absl::Status(sidecar.status().code(),
+                          absl::StrCat(sidecar.status().message(), " (sidecar file)"));
+    }
+    const size_t tensors = sidecar->records().size();
+    if (absl::Status status = source.Merge(*std::move(sidecar)); !status.ok()) return status;
+    LOG(INFO) << "safetensors: read sidecar file " << name << " (" << tensors << " tensors) from "
+              << model_dir.string();
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::StatusOr<WeightSource> OpenSafetensorsFile(const fs::path& model_root,
@@ -324,6 +382,7 @@ absl::StatusOr<WeightSource> OpenSafetensorsCheckpoint(const fs::path& model_dir
                                             kIndexName, " nor ", kSingleName));
   }
   if (source.ok()) {
+    if (absl::Status status = AddSidecars(model_dir, *source); !status.ok()) return status;
     source->provenance().format = "safetensors";
     source->provenance().load_mode = LoadMode::kMmapZeroCopy;
   }

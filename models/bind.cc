@@ -21,7 +21,7 @@ std::string NameList(const std::vector<std::string>& names, size_t limit = 16) {
 }
 
 TensorSummary Summarize(const TensorRecord& record) {
-  return {record.name, record.byte_size, record.origin, ""};
+  return {record.name, record.byte_size, record.origin, "", ""};
 }
 
 }  // namespace
@@ -33,14 +33,18 @@ uint64_t LoadReport::placed_bytes() const {
 }
 
 std::string LoadReport::Summary() const {
-  std::string text = absl::StrCat("placed ", placed.size(), " tensors (", placed_bytes(),
-                                  " bytes), missing ", missing.size(), ", carried ", carried.size(),
-                                  ", restored ", restored.size(), ", unplaced ", unplaced.size());
+  std::string text =
+      absl::StrCat("placed ", placed.size(), " tensors (", placed_bytes(), " bytes), missing ",
+                   missing.size(), ", carried ", carried.size(), ", restored ", restored.size(),
+                   ", unplaced ", unplaced.size(), ", ignored ", ignored.size());
   for (const TensorSummary& t : restored) {
     absl::StrAppend(&text, "\n  restored ", t.name, " (", t.bytes, " bytes) -> ", t.head);
   }
   for (const TensorSummary& t : unplaced) {
     absl::StrAppend(&text, "\n  unplaced ", t.name, " (", t.bytes, " bytes, ", t.origin, ")");
+  }
+  for (const TensorSummary& t : ignored) {
+    absl::StrAppend(&text, "\n  ignored ", t.name, " (", t.bytes, " bytes): ", t.reason);
   }
   for (const std::string& warning : warnings) absl::StrAppend(&text, "\n  warning: ", warning);
   return text;
@@ -52,8 +56,13 @@ absl::StatusOr<BoundModel> Bind(WeightSource source, const ModelConfig& config) 
   bound.source = std::move(source);
   bound.layers.assign(static_cast<size_t>(config.num_hidden_layers), BoundParams{});
 
+  const WeightLayout layout = bound.source.provenance().layout;
+  for (const DroppedTensor& dropped : bound.source.provenance().dropped) {
+    bound.report.ignored.push_back(
+        {dropped.name, dropped.bytes, dropped.origin, "", dropped.reason});
+  }
   absl::flat_hash_map<absl::string_view, const ParamSpec*> by_name;
-  const std::vector<ParamSpec> manifest = BuildParamManifest(config);
+  const std::vector<ParamSpec> manifest = BuildParamManifest(config, layout);
   for (const ParamSpec& spec : manifest) by_name.emplace(spec.name, &spec);
 
   std::vector<std::string> mismatches;
@@ -66,9 +75,9 @@ absl::StatusOr<BoundModel> Bind(WeightSource source, const ModelConfig& config) 
     }
     const ParamSpec& spec = *it->second;
     if (record.shape != spec.shape) {
-      mismatches.push_back(absl::StrCat(record.name, " has shape ", ShapeString(record.shape),
-                                        " but ", config.architecture_name, " expects ",
-                                        ShapeString(spec.shape)));
+      mismatches.push_back(absl::StrCat(
+          record.name, " has shape ", ShapeString(record.shape), " but ", config.architecture_name,
+          " (", WeightLayoutName(layout), " layout) expects ", ShapeString(spec.shape)));
       continue;
     }
     BoundParams& slot = spec.layer < 0 ? bound.model_params : bound.layers[spec.layer];
@@ -84,7 +93,7 @@ absl::StatusOr<BoundModel> Bind(WeightSource source, const ModelConfig& config) 
   for (const ParamSpec& spec : manifest) {
     if (spec.required && bound.source.Find(spec.name) == nullptr) {
       missing.push_back(spec.name);
-      bound.report.missing.push_back({spec.name, 0, "", ""});
+      bound.report.missing.push_back({spec.name, 0, "", "", ""});
     }
   }
   if (!missing.empty()) {
@@ -95,9 +104,10 @@ absl::StatusOr<BoundModel> Bind(WeightSource source, const ModelConfig& config) 
 }
 
 absl::Status RestoreCarried(BoundModel& model) {
-  // MTP layout adapters take their tensors from model.carried here; kiln has none for the
-  // architectures of this build, so every carried tensor is reported as unplaced.
-  for (const TensorRecord* record : model.carried) {
+  absl::StatusOr<MtpRestoration> mtp = RestoreMtpHeads(model.config, model.carried, model.report);
+  if (!mtp.ok()) return mtp.status();
+  model.mtp_heads = std::move(mtp->heads);
+  for (const TensorRecord* record : mtp->unused) {
     model.report.unplaced.push_back(Summarize(*record));
     LOG(WARNING) << "tensor " << record->name << " (" << record->byte_size << " bytes, "
                  << record->origin << ") is not used by " << model.config.architecture_name;

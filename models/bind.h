@@ -8,6 +8,7 @@
 #include "models/load_report.h"
 #include "models/manifest.h"
 #include "models/model_config.h"
+#include "models/mtp.h"
 #include "models/weight_source.h"
 
 namespace kiln {
@@ -22,6 +23,7 @@ struct BoundModel {
   BoundParams model_params{};                // embedding, lm_head, final norm
   std::vector<BoundParams> layers;           // one per decoder layer
   std::vector<const TensorRecord*> carried;  // checkpoint tensors the manifest does not name
+  std::vector<MtpHeadParams> mtp_heads;      // restored from `carried` by RestoreCarried
   LoadReport report;
 
   BoundModel() = default;
@@ -33,8 +35,10 @@ struct BoundModel {
 // fails naming every missing required tensor or every shape mismatch.
 absl::StatusOr<BoundModel> Bind(WeightSource source, const ModelConfig& config);
 
-// Restores MTP heads from the carried set. Whatever no head takes moves to report.unplaced and
-// is logged; nothing carried disappears without being listed.
+// Restores MTP heads from the carried set (models/mtp.h) into mtp_heads. Whatever no head takes
+// moves to report.unplaced and is logged; nothing carried disappears without being listed. MTP
+// tensors are restored even when config.json does not advertise them (with a warning), so a
+// checkpoint whose config lost num_nextn_predict_layers still drafts.
 absl::Status RestoreCarried(BoundModel& model);
 
 }  // namespace kiln

@@ -27,7 +27,9 @@ std::vector<float> ToF32(const TensorRecord* record) {
 
 DType ChooseComputeDType(const BoundModel& bound, const PostLoadOptions& options) {
   if (options.compute_dtype.has_value()) return *options.compute_dtype;
-  const TensorRecord* q = bound.layers.front()[static_cast<int>(ParamRole::kQ)];
+  const BoundParams& first = bound.layers.front();
+  const TensorRecord* q = first[static_cast<int>(ParamRole::kQ)];
+  if (q == nullptr) q = first[static_cast<int>(ParamRole::kQKV)];
   return q->dtype == DType::kBF16 ? DType::kBF16 : DType::kF32;
 }
 
@@ -90,21 +92,26 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
   model->final_norm_ = ToF32(role(top, ParamRole::kFinalNorm));
   model->parameter_count_ += c.hidden_size;
 
-  model->layers_.resize(bound.layers.size());
-  for (size_t i = 0; i < bound.layers.size(); ++i) {
-    const BoundParams& p = bound.layers[i];
-    PreparedModel::Layer& layer = model->layers_[i];
-    const std::string prefix = absl::StrCat("layers.", i, ".");
+  // One packing path for the main decoder layers and the MTP heads' blocks. Hugging Face layout:
+  // separate q/k/v and gate/up stacked at pack time; engine layout: already fused.
+  auto pack_block = [&](const BoundParams& p, const std::string& prefix,
+                        PreparedModel::Layer& layer) -> absl::Status {
+    const bool fused_qkv = role(p, ParamRole::kQKV) != nullptr;
     KILN_ASSIGN_OR_RETURN(
         layer.qkv,
-        pack(prefix + "qkv",
-             {role(p, ParamRole::kQ), role(p, ParamRole::kK), role(p, ParamRole::kV)},
-             {role(p, ParamRole::kQBias), role(p, ParamRole::kKBias), role(p, ParamRole::kVBias)}));
+        fused_qkv ? pack(prefix + "qkv", {role(p, ParamRole::kQKV)}, {role(p, ParamRole::kQKVBias)})
+                  : pack(prefix + "qkv",
+                         {role(p, ParamRole::kQ), role(p, ParamRole::kK), role(p, ParamRole::kV)},
+                         {role(p, ParamRole::kQBias), role(p, ParamRole::kKBias),
+                          role(p, ParamRole::kVBias)}));
     KILN_ASSIGN_OR_RETURN(
         layer.o, pack(prefix + "o", {role(p, ParamRole::kO)}, {role(p, ParamRole::kOBias)}));
+    const TensorRecord* gate_up = role(p, ParamRole::kGateUp);
     KILN_ASSIGN_OR_RETURN(
         layer.gate_up,
-        pack(prefix + "gate_up", {role(p, ParamRole::kGate), role(p, ParamRole::kUp)}, {}));
+        gate_up != nullptr
+            ? pack(prefix + "gate_up", {gate_up}, {})
+            : pack(prefix + "gate_up", {role(p, ParamRole::kGate), role(p, ParamRole::kUp)}, {}));
     KILN_ASSIGN_OR_RETURN(layer.down, pack(prefix + "down", {role(p, ParamRole::kDown)}, {}));
     layer.input_norm = ToF32(role(p, ParamRole::kInputNorm));
     layer.post_attention_norm = ToF32(role(p, ParamRole::kPostAttentionNorm));
@@ -112,6 +119,27 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
     layer.k_norm = ToF32(role(p, ParamRole::kKNorm));
     model->parameter_count_ += 2 * c.hidden_size + static_cast<int64_t>(layer.q_norm.size()) +
                                static_cast<int64_t>(layer.k_norm.size());
+    return absl::OkStatus();
+  };
+  model->layers_.resize(bound.layers.size());
+  for (size_t i = 0; i < bound.layers.size(); ++i) {
+    KILN_RETURN_IF_ERROR(
+        pack_block(bound.layers[i], absl::StrCat("layers.", i, "."), model->layers_[i]));
+  }
+  // MTP heads: the projection as one linear, the block like a main layer, norms as fp32. Their
+  // embedding / lm_head copies are not packed; the main ones are used.
+  model->mtp_heads_.resize(bound.mtp_heads.size());
+  for (size_t i = 0; i < bound.mtp_heads.size(); ++i) {
+    const MtpHeadParams& params = bound.mtp_heads[i];
+    PreparedModel::MtpHead& head = model->mtp_heads_[i];
+    const std::string prefix = absl::StrCat("mtp.", i, ".");
+    head.info = params.info;
+    KILN_ASSIGN_OR_RETURN(head.proj, pack(prefix + "proj", {params.proj}, {}));
+    head.embedding_norm = ToF32(params.embedding_norm);
+    head.hidden_norm = ToF32(params.hidden_norm);
+    head.final_norm = ToF32(params.final_norm);
+    model->parameter_count_ += 3 * c.hidden_size;
+    KILN_RETURN_IF_ERROR(pack_block(params.block, prefix, head.block));
   }
   model->rope_ = std::make_unique<cpu::RopeTable>(c.head_dim, c.rope_theta, c.rope_scaling);
   model->report_ = std::move(bound.report);

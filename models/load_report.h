@@ -12,6 +12,7 @@ struct TensorSummary {
   uint64_t bytes = 0;
   std::string origin;  // file, for placed/carried/unplaced tensors
   std::string head;    // for restored tensors: the MTP head that took it
+  std::string reason;  // for ignored tensors: why the loader did not pass them on
 };
 
 struct LoadReport {
@@ -20,6 +21,8 @@ struct LoadReport {
   std::vector<TensorSummary> carried;   // in the checkpoint, not placed by the architecture
   std::vector<TensorSummary> restored;  // carried tensors taken by a restored MTP head
   std::vector<TensorSummary> unplaced;  // carried tensors nothing took: listed, never dropped
+  std::vector<TensorSummary> ignored;   // recognised by the loader and not needed (markers,
+                                        // recomputed RoPE caches), with the reason
   std::vector<std::string> warnings;
 
   uint64_t placed_bytes() const;

@@ -1,5 +1,6 @@
 #include "models/model_config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -193,6 +194,14 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
   std::vector<int32_t> bos;
   KILN_ASSIGN_OR_RETURN(bos, TokenIds(json, "bos_token_id"));
   if (!bos.empty()) config.bos_token_id = bos.front();
+  for (const char* key : {"num_nextn_predict_layers", "mtp_num_hidden_layers"}) {
+    auto it = json.find(key);
+    if (it == json.end() || it->is_null()) continue;
+    if (!it->is_number_integer() || it->get<int64_t>() < 0) {
+      return FieldError(key, "must be a non-negative integer");
+    }
+    config.num_mtp_layers = std::max(config.num_mtp_layers, it->get<int64_t>());
+  }
   return config;
 }
 
@@ -255,6 +264,7 @@ std::string ModelConfigToJson(const ModelConfig& config) {
   } else if (!config.eos_token_ids.empty()) {
     json["eos_token_id"] = config.eos_token_ids;
   }
+  if (config.num_mtp_layers > 0) json["num_nextn_predict_layers"] = config.num_mtp_layers;
   return json.dump(2) + "\n";
 }
 

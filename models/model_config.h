@@ -35,6 +35,9 @@ struct ModelConfig {
   std::string torch_dtype;     // informational
   std::vector<int32_t> eos_token_ids;
   int32_t bos_token_id = -1;
+  // MTP (multi-token prediction) layers the checkpoint advertises: num_nextn_predict_layers
+  // (DeepSeek-V3, GLM, Qwen3-Next, MiMo) or mtp_num_hidden_layers (Qwen3.5); 0 if absent.
+  int64_t num_mtp_layers = 0;
 
   int64_t q_dim() const { return num_attention_heads * head_dim; }
   int64_t kv_dim() const { return num_key_value_heads * head_dim; }

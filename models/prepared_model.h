@@ -11,9 +11,11 @@
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
 #include "kernels/cpu/ops.h"
+#include "models/decoder_layer.h"
 #include "models/kv_cache.h"
 #include "models/load_report.h"
 #include "models/model_config.h"
+#include "models/mtp.h"
 #include "models/weight_source.h"
 
 namespace kiln {
@@ -27,6 +29,18 @@ struct SequenceChunk {
   KvCache* cache = nullptr;
   std::span<const int32_t> tokens;
   bool all_logits = false;  // logits for every new token, else only for the last
+};
+
+// Rows of one sequence for an MTP draft step (docs/mtp.md). Row r sits at position
+// p = cache->length() + r and predicts token p + 2 from t_{p+1} and h_p.
+struct MtpChunk {
+  KvCache* cache = nullptr;         // the sequence's cache for this head (NewMtpCache)
+  std::span<const int32_t> tokens;  // t_{p+1} for every row
+  // tokens.size() rows of hidden_size floats: h_p. For the first draft step, the main model's
+  // final-norm hidden state (Forward's `hidden`); for a further step, the previous MtpForward's
+  // `hidden_out` row.
+  std::span<const float> hidden;
+  bool all_logits = false;  // logits for every row, else only for the last
 };
 
 struct StageTimings {
@@ -44,12 +58,16 @@ class PreparedModel {
   const ModelConfig& config() const { return config_; }
   const LoadReport& report() const { return report_; }
   const SourceProvenance& provenance() const { return source_.provenance(); }
+  // The records the model was built from (kept alive; `kiln tensorize` writes them out again).
+  const WeightSource& source() const { return source_; }
   absl::string_view backend_name() const { return backend_->name(); }
   DType compute_dtype() const { return compute_dtype_; }
   int64_t parameter_count() const { return parameter_count_; }
-  // Bytes the model holds for its forward pass: packed weights, norms, the embedding table.
+  // Bytes the model holds for its forward pass: packed weights, norms, the embedding table (MTP
+  // heads included).
   size_t weight_bytes() const;
-  // Bytes read from memory per decoded token at batch 1 (packed weights + one embedding row).
+  // Bytes read from memory per decoded token at batch 1 by Forward (packed weights + one
+  // embedding row; MTP heads excluded).
   size_t bytes_streamed_per_token() const;
   StageTimings& timings() { return timings_; }
   const StageTimings& timings() const { return timings_; }
@@ -58,7 +76,32 @@ class PreparedModel {
 
   // Runs all chunks as one batched step: every GEMM covers the tokens of all chunks.
   // Appends to `logits` one row of vocab_size floats per requested position, in chunk order.
-  absl::Status Forward(std::span<const SequenceChunk> chunks, std::vector<float>* logits) const;
+  // When `hidden` is given, also appends the last hidden state after the final norm (the input
+  // of the LM head; what MTP draft heads read) for every new token of every chunk, in chunk
+  // order: one row of hidden_size floats per token.
+  absl::Status Forward(std::span<const SequenceChunk> chunks, std::vector<float>* logits,
+                       std::vector<float>* hidden = nullptr) const;
+
+  // MTP heads restored from the checkpoint (0 when it has none), in head order; draft step s
+  // uses head s % num_mtp_heads().
+  int num_mtp_heads() const { return static_cast<int>(mtp_heads_.size()); }
+  // 0 <= head < num_mtp_heads().
+  const MtpHeadInfo& mtp_head_info(int head) const {
+    return mtp_heads_[static_cast<size_t>(head)].info;
+  }
+  // A one-layer KV cache for one MTP head of one sequence (each head needs its own).
+  absl::StatusOr<KvCache> NewMtpCache(int64_t capacity) const;
+
+  // One MTP draft step of head `head` over all chunks as one batch (docs/mtp.md):
+  //   e = Embed(t) (0 at position 0 for the DeepSeek and MiMo layouts)
+  //   x = proj(concat(norm_e(e), norm_h(h)))   (MiMo: concat(norm_h(h), norm_e(e)))
+  //   h' = DecoderBlock(x) with the head's KV cache;  logits = lm_head(final_norm(h'))
+  // The main model's embedding and lm_head are used. Appends to `logits` one row of vocab_size
+  // floats per requested row, in chunk order. When `hidden_out` is given, appends for every row
+  // the hidden state a further draft step takes as its `hidden`: h' before the head's final norm
+  // for the DeepSeek layout (DeepSeek-V3/GLM reference code), after it for Qwen3-Next and MiMo.
+  absl::Status MtpForward(int head, std::span<const MtpChunk> chunks, std::vector<float>* logits,
+                          std::vector<float>* hidden_out = nullptr) const;
 
  private:
   friend absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
@@ -66,10 +109,25 @@ class PreparedModel {
                                                                  const PostLoadOptions& options);
   PreparedModel() = default;
 
-  struct Layer {
-    std::vector<float> input_norm, post_attention_norm, q_norm, k_norm;
-    std::unique_ptr<PackedLinear> qkv, o, gate_up, down;
+  using Layer = DecoderLayerWeights;
+  struct MtpHead {
+    MtpHeadInfo info;
+    std::vector<float> embedding_norm, hidden_norm, final_norm;
+    std::unique_ptr<PackedLinear> proj;  // [hidden, 2·hidden]
+    Layer block;
   };
+
+  // Bytes of the MTP heads' packed weights and norms (held, not streamed by the main forward).
+  size_t mtp_bytes() const;
+  // Checks the chunks of one step (tokens in range, distinct caches with room) and appends their
+  // rows to `rows`; returns the number of rows.
+  absl::StatusOr<int64_t> AddRows(KvCache* cache, std::span<const int32_t> tokens,
+                                  std::vector<DecoderRows>& rows) const;
+  // Applies `norm` to the rows of `x` listed in `selected` and the LM head to them (appending to
+  // `logits`); when `normed_out` is given, normalizes all `total` rows into it first.
+  absl::Status NormAndLogits(const float* x, int64_t total, const std::vector<float>& norm,
+                             std::span<const int64_t> selected, std::vector<float>* logits,
+                             std::vector<float>* normed_out) const;
 
   ModelConfig config_;
   LoadReport report_;
@@ -82,6 +140,7 @@ class PreparedModel {
   std::vector<float> final_norm_;
   std::unique_ptr<PackedLinear> lm_head_;
   std::vector<Layer> layers_;
+  std::vector<MtpHead> mtp_heads_;
   std::unique_ptr<cpu::RopeTable> rope_;
 };
 

@@ -22,6 +22,10 @@ absl::string_view LoadModeName(LoadMode mode) {
   return "?";
 }
 
+absl::string_view WeightLayoutName(WeightLayout layout) {
+  return layout == WeightLayout::kEngine ? "engine (fused qkv, gate_up)" : "Hugging Face";
+}
+
 absl::Status WeightSource::Add(TensorRecord record) {
   auto [it, inserted] = index_.try_emplace(record.name, records_.size());
   if (!inserted) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,7 +20,9 @@ struct TensorRecord {
   std::string name;
   DType dtype = DType::kF32;
   std::vector<int64_t> shape;
-  const std::byte* data = nullptr;  // shape-product × DTypeSize bytes; valid while the source lives
+  // shape-product × DTypeSize bytes; valid while the source lives. May be unaligned (Tensorizer
+  // data offsets are arbitrary): readers go through memcpy-based conversions, never casts.
+  const std::byte* data = nullptr;
   size_t byte_size = 0;
   std::string origin;  // file it came from, for reports and errors
 
@@ -30,6 +33,22 @@ struct TensorRecord {
 enum class LoadMode { kMmapZeroCopy, kRead, kReadConvert };
 absl::string_view LoadModeName(LoadMode mode);
 
+// How the records are named and shaped. Hugging Face checkpoints keep q/k/v and gate/up as
+// separate tensors; kiln's engine layout (native tensorized files, and vLLM files once their
+// names are mapped) stores them fused: `self_attn.qkv_proj` = [q; k; v] rows and
+// `mlp.gate_up_proj` = [gate; up] rows.
+enum class WeightLayout { kHuggingFace, kEngine };
+absl::string_view WeightLayoutName(WeightLayout layout);
+
+// A tensor the loader recognised and deliberately did not pass on (a format marker, a RoPE
+// cache the model recomputes). Listed in the LoadReport so nothing disappears unseen.
+struct DroppedTensor {
+  std::string name;
+  uint64_t bytes = 0;
+  std::string origin;
+  std::string reason;
+};
+
 struct SourceProvenance {
   std::string format;              // "safetensors", "tensorizer", ...
   std::string format_version;      // free text, e.g. "tensorizer v4"
@@ -38,6 +57,11 @@ struct SourceProvenance {
   bool hashes_verified = false;
   bool encrypted = false;
   uint64_t bytes_read = 0;  // payload bytes the loader exposed
+  WeightLayout layout = WeightLayout::kHuggingFace;
+  std::vector<DroppedTensor> dropped;
+  // Small files stored inside the checkpoint (a native tensorized file's tokenizer.json, ...),
+  // by file name.
+  std::map<std::string, std::string> embedded_files;
 };
 
 // Owns (or keeps alive) the memory that the records point into. Move-only.

@@ -14,6 +14,10 @@ packages=(
   libabsl-dev libgoogle-glog-dev nlohmann-json3-dev libssl-dev
   # tokenizers: PCRE2 (split regexes), utf8proc (Unicode normalization), simdjson (fast tokenizer.json)
   libpcre2-dev libutf8proc-dev libsimdjson-dev
+  # Tensorizer files: ISA-L (CRC32), libsodium (XSalsa20-Poly1305, Argon2id)
+  libisal-dev libsodium-dev
+  # metrics endpoint: civetweb (embedded HTTP server); promtool (from prometheus) checks it in tests
+  libcivetweb-dev prometheus
   # tests: GoogleTest, libtorch (the independent reference forward)
   libgtest-dev googletest libtorch-dev
   # end-to-end test (tests/e2e): Debian's Python gRPC and Protobuf for /usr/bin/python3

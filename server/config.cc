@@ -8,9 +8,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
-#include "base/logging.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "server/model_info.h"
 
 namespace kiln {
 namespace {
@@ -69,8 +69,17 @@ absl::Status ApplyServerConfig(const v1::ServerConfig& config, const std::string
     if (model.name().empty() || model.path().empty()) {
       return absl::InvalidArgumentError("models: every entry needs a name and a path");
     }
-    AddOrReplaceModel({model.name(), model.path(), model.format(), model.dtype()},
-                      &options->models);
+    ModelSpec spec = ModelSpecFromProto(model.name(), model.path(), model.format(), model.dtype(),
+                                        model.tensorizer());
+    // Key and passphrase files, like other files a config names, are relative to the config.
+    TensorizerSpec& tz = spec.tensorizer;
+    if (!tz.encryption_key_file.empty()) {
+      tz.encryption_key_file = Rebase(base_dir, tz.encryption_key_file);
+    }
+    if (!tz.encryption_passphrase_file.empty()) {
+      tz.encryption_passphrase_file = Rebase(base_dir, tz.encryption_passphrase_file);
+    }
+    AddOrReplaceModel(std::move(spec), &options->models);
   }
   if (config.max_queued_requests() < 0 || config.max_running_sequences() < 0 ||
       config.max_context() < 0 || config.default_max_tokens() < 0) {
@@ -89,10 +98,7 @@ absl::Status ApplyServerConfig(const v1::ServerConfig& config, const std::string
   }
   if (!config.tls_cert_file().empty())
     options->tls_cert_file = Rebase(base_dir, config.tls_cert_file());
-  if (!config.metrics_listen().empty()) {
-    LOG(WARNING) << "metrics_listen is not implemented yet; " << config.metrics_listen()
-                 << " is ignored";
-  }
+  if (!config.metrics_listen().empty()) options->metrics_listen = config.metrics_listen();
   if (!config.tls_key_file().empty())
     options->tls_key_file = Rebase(base_dir, config.tls_key_file());
   return absl::OkStatus();

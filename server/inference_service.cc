@@ -8,6 +8,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "server/handler_util.h"
@@ -57,7 +58,11 @@ absl::Status RequireTokenizer(const ModelSnapshot& model, absl::string_view rpc)
 grpc::Status InferenceService::Generate(grpc::ServerContext* context,
                                         const v1::GenerateRequest* request,
                                         grpc::ServerWriter<v1::GenerateResponse>* writer) {
-  return RunHandler("Generate", [&] { return DoGenerate(context, *request, writer); });
+  GenerateRecorder recorder(options_.metrics);
+  const grpc::Status status =
+      RunHandler("Generate", [&] { return DoGenerate(context, *request, writer, recorder); });
+  recorder.OnEnd(status);
+  return status;
 }
 
 grpc::Status InferenceService::Tokenize(grpc::ServerContext* /*context*/,
@@ -74,17 +79,21 @@ grpc::Status InferenceService::Detokenize(grpc::ServerContext* /*context*/,
 
 absl::Status InferenceService::DoGenerate(grpc::ServerContext* context,
                                           const v1::GenerateRequest& request,
-                                          grpc::ServerWriter<v1::GenerateResponse>* writer) {
+                                          grpc::ServerWriter<v1::GenerateResponse>* writer,
+                                          GenerateRecorder& recorder) {
   KILN_RETURN_IF_ERROR(RequireModelName(request.model()));
   // The snapshot keeps the engine alive for this call even if the model is unloaded meanwhile.
   KILN_ASSIGN_OR_RETURN(ModelSnapshot model, registry_->GetReady(request.model()));
+  recorder.OnModel(request.model());
   KILN_ASSIGN_OR_RETURN(GenerationRequest generation,
                         ToGenerationRequest(request, model, options_.defaults));
+  const int64_t prompt_tokens = static_cast<int64_t>(generation.prompt.size());
   auto queue = std::make_shared<UpdateQueue>();
   KILN_ASSIGN_OR_RETURN(const uint64_t id, model.engine->Submit(std::move(generation),
                                                                 [queue](GenerationUpdate update) {
                                                                   queue->Push(std::move(update));
                                                                 }));
+  recorder.OnSubmitted(prompt_tokens);
 
   std::vector<GenerationUpdate> updates;
   while (true) {
@@ -95,11 +104,19 @@ absl::Status InferenceService::DoGenerate(grpc::ServerContext* context,
       v1::GenerateResponse response;
       ToGenerateResponse(update, model.tokenizer.get(), &response);
       const bool last = update.finish != FinishReason::kNone;
+      const int64_t tokens = static_cast<int64_t>(update.token_ids.size());
+      if (tokens > 0 && options_.token_delay_for_testing > absl::ZeroDuration()) {
+        absl::SleepFor(options_.token_delay_for_testing * tokens);
+      }
+      recorder.OnTokens(tokens);
       if (!writer->Write(response)) {
         if (!last) model.engine->Cancel(id);
         return absl::CancelledError("Generate: the client went away");
       }
-      if (last) return absl::OkStatus();
+      if (last) {
+        recorder.OnFinish(update.finish);
+        return absl::OkStatus();
+      }
     }
     if (context->IsCancelled()) {
       // The client cancelled or its deadline passed: stop generating; the engine frees the

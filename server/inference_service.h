@@ -5,6 +5,7 @@
 #include "absl/time/time.h"
 #include "kiln/v1/kiln.grpc.pb.h"
 #include "server/generate_convert.h"
+#include "server/metrics.h"
 #include "server/registry.h"
 
 namespace kiln {
@@ -13,6 +14,11 @@ struct InferenceServiceOptions {
   GenerateDefaults defaults;
   // How often a waiting Generate handler looks at its call for a cancellation or a deadline.
   absl::Duration cancel_poll = absl::Milliseconds(20);
+  // Where Generate calls are recorded; null: nowhere. Must outlive the service.
+  ServerMetrics* metrics = nullptr;
+  // Tests and benchmarks: each streamed update waits this long per token before it is written,
+  // so that a load test knows the inter-token latency it should measure.
+  absl::Duration token_delay_for_testing = absl::ZeroDuration();
 };
 
 class InferenceService final : public v1::Inference::Service {
@@ -29,7 +35,8 @@ class InferenceService final : public v1::Inference::Service {
 
  private:
   absl::Status DoGenerate(grpc::ServerContext* context, const v1::GenerateRequest& request,
-                          grpc::ServerWriter<v1::GenerateResponse>* writer);
+                          grpc::ServerWriter<v1::GenerateResponse>* writer,
+                          GenerateRecorder& recorder);
   absl::Status DoTokenize(const v1::TokenizeRequest& request, v1::TokenizeResponse* response);
   absl::Status DoDetokenize(const v1::DetokenizeRequest& request, v1::DetokenizeResponse* response);
 

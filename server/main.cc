@@ -21,6 +21,7 @@
 #include "absl/flags/usage.h"
 #include "absl/flags/usage_config.h"
 #include "absl/strings/match.h"
+#include "absl/time/time.h"
 #include "base/logging.h"
 #include "server/config.h"
 #include "server/server.h"
@@ -39,6 +40,12 @@ ABSL_FLAG(int32_t, max_queued, 64, "per model: waiting requests beyond which Gen
 ABSL_FLAG(int32_t, max_running, 16, "per model: sequences decoded together in one step");
 ABSL_FLAG(int64_t, max_context, 4096, "tokens of one sequence (prompt + output)");
 ABSL_FLAG(int32_t, default_max_tokens, 256, "tokens generated when a request sets no max_tokens");
+ABSL_FLAG(std::string, metrics_listen, "",
+          "HOST:PORT to serve Prometheus metrics on (HTTP GET /metrics; port 0: any); "
+          "empty: no metrics endpoint");
+ABSL_FLAG(absl::Duration, token_delay_for_testing, absl::ZeroDuration(),
+          "for tests and benchmarks only: delay every streamed token by this long (e.g. 20ms), "
+          "so that a load generator measures a known inter-token latency");
 
 namespace kiln {
 namespace {
@@ -107,6 +114,10 @@ absl::StatusOr<ServerOptions> BuildOptions(int argc, char** argv) {
   if (OnCommandLine(argc, argv, "default_max_tokens")) {
     options.default_max_tokens = absl::GetFlag(FLAGS_default_max_tokens);
   }
+  if (OnCommandLine(argc, argv, "metrics_listen")) {
+    options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
+  }
+  options.token_delay_for_testing = absl::GetFlag(FLAGS_token_delay_for_testing);
   // Repeatable flags add to the config's lists (a --model replaces a config model of its name).
   options.model_roots.insert(options.model_roots.end(), all_roots.begin(), all_roots.end());
   for (const std::string& text : model_flags) {
@@ -126,6 +137,7 @@ int Main(int argc, char** argv) {
   absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(
       "kiln-server --listen HOST:PORT --model-root DIR [--model NAME=PATH ...] [--config FILE]\n"
+      "            [--metrics-listen HOST:PORT]\n"
       "Flags may be spelled with dashes or underscores (--model-root = --model_root).");
   std::vector<std::string> args = NormalizeFlagNames(argc, argv);
   std::vector<char*> arg_pointers;

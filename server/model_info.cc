@@ -32,6 +32,7 @@ void FillTensors(const std::vector<TensorSummary>& tensors,
     info->set_bytes(tensor.bytes);
     info->set_head(tensor.head);
     info->set_origin(tensor.origin);
+    info->set_reason(tensor.reason);
   }
 }
 
@@ -54,8 +55,13 @@ void FillModelInfo(const ModelSnapshot& snapshot, v1::ModelInfo* info) {
   info->set_parameter_count(model.parameter_count());
   info->set_bytes_in_memory(model.weight_bytes());
   info->set_format(model.provenance().format);
-  info->set_loader(absl::StrCat(model.provenance().format, " (",
-                                LoadModeName(model.provenance().load_mode), ")"));
+  const SourceProvenance& provenance = model.provenance();
+  info->set_loader(absl::StrCat(
+      provenance.format, provenance.format_version.empty() ? "" : " ", provenance.format_version,
+      " (", LoadModeName(provenance.load_mode), provenance.encrypted ? ", decrypted" : "",
+      provenance.format == "tensorizer" && !provenance.hashes_verified ? ", hashes not verified"
+                                                                       : "",
+      ")"));
   info->set_vocab_size(static_cast<int32_t>(model.config().vocab_size));
   info->set_max_context(snapshot.max_context);
 
@@ -72,7 +78,22 @@ void FillModelInfo(const ModelSnapshot& snapshot, v1::ModelInfo* info) {
   FillTensors(report.carried, out->mutable_carried());
   FillTensors(report.restored, out->mutable_restored());
   FillTensors(report.unplaced, out->mutable_unplaced());
+  FillTensors(report.ignored, out->mutable_ignored());
   for (const std::string& warning : report.warnings) out->add_warnings(warning);
+}
+
+ModelSpec ModelSpecFromProto(const std::string& name, const std::string& path,
+                             const std::string& format, const std::string& dtype,
+                             const v1::TensorizerOptions& tensorizer) {
+  ModelSpec spec{name, path, format, dtype, {}};
+  TensorizerSpec& tz = spec.tensorizer;
+  tz.config_path = tensorizer.config_path();
+  tz.skip_hash_verification = tensorizer.skip_hash_verification();
+  tz.encryption_key = tensorizer.encryption_key();
+  tz.encryption_passphrase = tensorizer.encryption_passphrase();
+  tz.encryption_key_file = tensorizer.encryption_key_file();
+  tz.encryption_passphrase_file = tensorizer.encryption_passphrase_file();
+  return spec;
 }
 
 }  // namespace kiln

@@ -24,7 +24,8 @@ grpc::Status ModelsService::LoadModel(grpc::ServerContext* context,
                                       v1::ModelInfo* response) {
   return RunHandler("LoadModel", [&]() -> absl::Status {
     KILN_RETURN_IF_ERROR(CheckAdminToken(*context, admin_token_));
-    ModelSpec spec{request->name(), request->path(), request->format(), request->dtype()};
+    ModelSpec spec = ModelSpecFromProto(request->name(), request->path(), request->format(),
+                                        request->dtype(), request->tensorizer());
     KILN_RETURN_IF_ERROR(ValidateModelSpec(spec));
     LOG(INFO) << "LoadModel '" << spec.name << "' path " << spec.path << " from " << Peer(*context);
     KILN_ASSIGN_OR_RETURN(ModelSnapshot snapshot, registry_->Load(spec));
@@ -63,6 +64,26 @@ grpc::Status ModelsService::GetModel(grpc::ServerContext* context,
     KILN_RETURN_IF_ERROR(RequireName(request->name()));
     KILN_ASSIGN_OR_RETURN(ModelSnapshot snapshot, registry_->Get(request->name()));
     FillModelInfo(snapshot, response);
+    return absl::OkStatus();
+  });
+}
+
+grpc::Status ModelsService::Tensorize(grpc::ServerContext* context,
+                                      const v1::TensorizeRequest* request,
+                                      v1::TensorizeResponse* response) {
+  return RunHandler("Tensorize", [&]() -> absl::Status {
+    KILN_RETURN_IF_ERROR(CheckAdminToken(*context, admin_token_));
+    if (request->model().empty())
+      return absl::InvalidArgumentError("model: a model name is required");
+    LOG(INFO) << "Tensorize '" << request->model() << "' to " << request->output_path() << " from "
+              << Peer(*context);
+    KILN_ASSIGN_OR_RETURN(ModelRegistry::TensorizeResult result,
+                          registry_->Tensorize(request->model(), request->output_path(),
+                                               request->dtype(), request->overwrite()));
+    response->set_path(result.path.string());
+    response->set_bytes(result.bytes);
+    response->set_tensors(result.tensors);
+    response->set_seconds(result.seconds);
     return absl::OkStatus();
   });
 }

@@ -1,5 +1,5 @@
-// kiln.v1.Models: LoadModel, UnloadModel, ListModels, GetModel. When an admin token is set,
-// every call needs metadata "authorization: Bearer <token>".
+// kiln.v1.Models: LoadModel, UnloadModel, ListModels, GetModel, Tensorize. When an admin token is
+// set, every call needs metadata "authorization: Bearer <token>".
 #pragma once
 
 #include <string>
@@ -23,6 +23,8 @@ class ModelsService final : public v1::Models::Service {
                           v1::ListModelsResponse* response) override;
   grpc::Status GetModel(grpc::ServerContext* context, const v1::GetModelRequest* request,
                         v1::ModelInfo* response) override;
+  grpc::Status Tensorize(grpc::ServerContext* context, const v1::TensorizeRequest* request,
+                         v1::TensorizeResponse* response) override;
 
  private:
   ModelRegistry* const registry_;

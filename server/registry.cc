@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <system_error>
 #include <utility>
 
@@ -71,11 +73,26 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat(
         "name: '", spec.name, "' may hold only letters, digits and the characters - _ . : /"));
   }
-  if (spec.path.empty()) return absl::InvalidArgumentError("path: a model directory is required");
-  if (!spec.format.empty() && spec.format != "safetensors") {
-    return absl::InvalidArgumentError(absl::StrCat("format: '", spec.format,
-                                                   "' is not supported (use \"\" to detect the "
-                                                   "format, or \"safetensors\")"));
+  if (spec.path.empty()) {
+    return absl::InvalidArgumentError("path: a model directory or Tensorizer file is required");
+  }
+  if (!spec.format.empty() && spec.format != "safetensors" && spec.format != "tensorizer") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("format: '", spec.format,
+                     "' is not supported (use \"\" to detect the format, \"safetensors\" or "
+                     "\"tensorizer\")"));
+  }
+  const TensorizerSpec& tz = spec.tensorizer;
+  const int secrets = !tz.encryption_key.empty() + !tz.encryption_passphrase.empty() +
+                      !tz.encryption_key_file.empty() + !tz.encryption_passphrase_file.empty();
+  if (secrets > 1) {
+    return absl::InvalidArgumentError(
+        "tensorizer: give at most one of encryption_key, encryption_passphrase, "
+        "encryption_key_file and encryption_passphrase_file");
+  }
+  if (!tz.encryption_key.empty() && tz.encryption_key.size() != 32) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "tensorizer.encryption_key: a key is 32 bytes, got ", tz.encryption_key.size()));
   }
   const std::string dtype = absl::AsciiStrToLower(spec.dtype);
   if (!dtype.empty() && dtype != "bf16" && dtype != "f32") {
@@ -95,6 +112,7 @@ class ModelRegistry::Entry {
 
 struct ModelRegistry::Built {
   std::shared_ptr<const PreparedModel> model;
+  fs::path checkpoint_dir;
   std::shared_ptr<const Tokenizer> tokenizer;
   std::string no_tokenizer_reason;
   std::shared_ptr<Engine> engine;
@@ -131,13 +149,14 @@ ModelRegistry::ModelRegistry(RegistryOptions options, std::vector<fs::path> root
 
 ModelRegistry::~ModelRegistry() { Shutdown(); }
 
-absl::StatusOr<fs::path> ModelRegistry::ResolveModelPath(const std::string& path) const {
+absl::StatusOr<fs::path> ModelRegistry::ResolveModelPath(const std::string& path,
+                                                         absl::string_view what) const {
   if (roots_.empty()) {
     return absl::PermissionDeniedError(
         "no model roots are configured, so no model may be loaded: start kiln-server with "
         "--model-root DIR (or model_roots in --config)");
   }
-  if (path.empty()) return absl::InvalidArgumentError("path: a model directory is required");
+  if (path.empty()) return absl::InvalidArgumentError(absl::StrCat(what, ": a path is required"));
   const fs::path requested(path);
   std::vector<fs::path> candidates;
   if (requested.is_absolute()) {
@@ -155,7 +174,7 @@ absl::StatusOr<fs::path> ModelRegistry::ResolveModelPath(const std::string& path
     if (!InsideAny(roots_, weak)) {
       if (denied.ok()) {
         denied = absl::PermissionDeniedError(
-            absl::StrCat("path: '", path, "' resolves to ", weak.string(),
+            absl::StrCat(what, ": '", path, "' resolves to ", weak.string(),
                          ", which is outside the model roots (", RootList(roots_), ")"));
       }
       continue;
@@ -164,7 +183,7 @@ absl::StatusOr<fs::path> ModelRegistry::ResolveModelPath(const std::string& path
     if (ec) {
       if (not_found.ok()) {
         not_found = absl::NotFoundError(
-            absl::StrCat("path: model directory '", path, "' does not exist (looked in ",
+            absl::StrCat(what, ": '", path, "' does not exist (looked in ",
                          requested.is_absolute() ? path : RootList(roots_), ")"));
       }
       continue;
@@ -172,52 +191,115 @@ absl::StatusOr<fs::path> ModelRegistry::ResolveModelPath(const std::string& path
     if (!InsideAny(roots_, canonical)) {  // belt and braces: canonical follows every link
       if (denied.ok()) {
         denied = absl::PermissionDeniedError(
-            absl::StrCat("path: '", path, "' resolves to ", canonical.string(),
+            absl::StrCat(what, ": '", path, "' resolves to ", canonical.string(),
                          ", which is outside the model roots (", RootList(roots_), ")"));
       }
       continue;
     }
-    if (!fs::is_directory(canonical, ec)) {
+    if (!fs::is_directory(canonical, ec) && !fs::is_regular_file(canonical, ec)) {
       return absl::InvalidArgumentError(
-          absl::StrCat("path: ", canonical.string(), " is not a model directory"));
+          absl::StrCat(what, ": ", canonical.string(), " is neither a directory nor a file"));
     }
     return canonical;
   }
   return !denied.ok() ? denied : not_found;
 }
 
+// Reads a secret from a server-side file. Errors name the file, never its content.
+static absl::StatusOr<std::string> ReadSecretFile(const std::string& path,
+                                                  absl::string_view field) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(field, ": cannot read ", path));
+  std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (secret.size() > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, " is too large for a key"));
+  }
+  return secret;
+}
+
+absl::StatusOr<TensorizerCheckpointOptions> ModelRegistry::TensorizerOptionsFor(
+    const ModelSpec& spec) const {
+  const TensorizerSpec& tz = spec.tensorizer;
+  TensorizerCheckpointOptions options;
+  options.verify_hashes = !tz.skip_hash_verification;
+  if (!tz.config_path.empty()) {
+    KILN_ASSIGN_OR_RETURN(options.config_path,
+                          ResolveModelPath(tz.config_path, "tensorizer.config_path"));
+  }
+  options.encryption_key = tz.encryption_key;
+  options.encryption_passphrase = tz.encryption_passphrase;
+  if (!tz.encryption_key_file.empty()) {
+    KILN_ASSIGN_OR_RETURN(options.encryption_key,
+                          ReadSecretFile(tz.encryption_key_file, "tensorizer.encryption_key_file"));
+    if (options.encryption_key.size() != 32) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensorizer.encryption_key_file: ", tz.encryption_key_file, " holds ",
+                       options.encryption_key.size(), " bytes; a key file holds the 32 raw bytes"));
+    }
+  }
+  if (!tz.encryption_passphrase_file.empty()) {
+    KILN_ASSIGN_OR_RETURN(
+        options.encryption_passphrase,
+        ReadSecretFile(tz.encryption_passphrase_file, "tensorizer.encryption_passphrase_file"));
+    // A text file's trailing newline is not part of the passphrase.
+    while (!options.encryption_passphrase.empty() &&
+           (options.encryption_passphrase.back() == '\n' ||
+            options.encryption_passphrase.back() == '\r')) {
+      options.encryption_passphrase.pop_back();
+    }
+  }
+  return options;
+}
+
 absl::StatusOr<ModelRegistry::Built> ModelRegistry::Build(const ModelSpec& spec,
-                                                          const fs::path& dir) const {
-  KILN_ASSIGN_OR_RETURN(CheckpointFormat format, SniffCheckpoint(dir));
-  if (!spec.format.empty() &&
-      !(spec.format == "safetensors" && format == CheckpointFormat::kSafetensors)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("format: ", dir.string(), " does not hold a ", spec.format, " checkpoint"));
+                                                          const fs::path& path) const {
+  KILN_ASSIGN_OR_RETURN(CheckpointLocation location, SniffCheckpoint(path));
+  if (!spec.format.empty() && spec.format != CheckpointFormatName(location.format)) {
+    return absl::InvalidArgumentError(absl::StrCat("format: ", path.string(), " is a ",
+                                                   CheckpointFormatName(location.format),
+                                                   " checkpoint, not ", spec.format));
   }
   LoadOptions load_options;
   const std::string dtype = absl::AsciiStrToLower(spec.dtype);
   if (dtype == "bf16") load_options.compute_dtype = DType::kBF16;
   if (dtype == "f32") load_options.compute_dtype = DType::kF32;
+  KILN_ASSIGN_OR_RETURN(load_options.tensorizer, TensorizerOptionsFor(spec));
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<PreparedModel> loaded,
-                        LoadModel(dir, backend_, load_options));
+                        LoadModel(path, backend_, load_options));
   Built built;
   built.model = std::shared_ptr<const PreparedModel>(std::move(loaded));
+  built.checkpoint_dir = location.dir;
   const ModelConfig& config = built.model->config();
+  const fs::path& dir = location.dir;
+  const std::map<std::string, std::string>& embedded = built.model->provenance().embedded_files;
 
   std::error_code ec;
-  if (fs::exists(dir / "tokenizer.json", ec) || fs::exists(dir / "encoder.json", ec)) {
+  auto embedded_text = [&](const std::string& name) -> absl::string_view {
+    auto it = embedded.find(name);
+    return it == embedded.end() ? absl::string_view() : absl::string_view(it->second);
+  };
+  if (embedded.count("tokenizer.json") > 0) {
+    // A native tensorized file carries its tokenizer.
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromTokenizerJson(
+        embedded_text("tokenizer.json"), embedded_text("tokenizer_config.json"),
+        embedded_text("generation_config.json"));
+    if (!tokenizer.ok()) {
+      return KilnAnnotate(tokenizer.status(), absl::StrCat("tokenizer inside ", path.string()));
+    }
+    built.tokenizer = std::shared_ptr<const Tokenizer>(std::move(*tokenizer));
+  } else if (fs::exists(dir / "tokenizer.json", ec) || fs::exists(dir / "encoder.json", ec)) {
     absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromDirectory(dir);
     if (!tokenizer.ok()) return KilnAnnotate(tokenizer.status(), "tokenizer");
     built.tokenizer = std::shared_ptr<const Tokenizer>(std::move(*tokenizer));
-    if (built.tokenizer->vocab_size() > config.vocab_size) {
-      LOG(WARNING) << "model '" << spec.name << "': the tokenizer has "
-                   << built.tokenizer->vocab_size() << " ids but the model only "
-                   << config.vocab_size << "; prompts with larger ids are refused";
-    }
   } else {
     built.no_tokenizer_reason = absl::StrCat(
         "model '", spec.name,
         "' has no tokenizer (no tokenizer.json or encoder.json + vocab.bpe in ", dir.string(), ")");
+  }
+  if (built.tokenizer != nullptr && built.tokenizer->vocab_size() > config.vocab_size) {
+    LOG(WARNING) << "model '" << spec.name << "': the tokenizer has "
+                 << built.tokenizer->vocab_size() << " ids but the model only " << config.vocab_size
+                 << "; prompts with larger ids are refused";
   }
 
   EngineOptions engine_options = options_.engine;
@@ -307,6 +389,7 @@ absl::StatusOr<ModelSnapshot> ModelRegistry::LoadImpl(const ModelSpec& spec, boo
   absl::MutexLock lock(&mutex_);
   ModelSnapshot& data = entry->data;
   data.model = std::move(built->model);
+  data.checkpoint_dir = built->checkpoint_dir.string();
   data.tokenizer = std::move(built->tokenizer);
   data.no_tokenizer_reason = std::move(built->no_tokenizer_reason);
   data.engine = std::move(built->engine);
@@ -404,6 +487,61 @@ void ModelRegistry::Shutdown() {
     }
   }
   for (const std::shared_ptr<Engine>& engine : engines) engine->Shutdown(/*drain=*/false);
+}
+
+absl::StatusOr<ModelRegistry::TensorizeResult> ModelRegistry::Tensorize(
+    const std::string& name, const std::string& output_path, const std::string& dtype,
+    bool overwrite) const {
+  KILN_ASSIGN_OR_RETURN(ModelSnapshot snapshot, GetReady(name));
+  const std::string lower = absl::AsciiStrToLower(dtype);
+  NativeTensorizeOptions options;
+  if (lower == "bf16") {
+    options.dtype = DType::kBF16;
+  } else if (lower == "f32") {
+    options.dtype = DType::kF32;
+  } else if (!lower.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("dtype: '", dtype, "' is not supported (use \"\", \"bf16\" or \"f32\")"));
+  }
+  if (output_path.empty()) return absl::InvalidArgumentError("output_path: a file is required");
+  // The file need not exist yet: its directory must resolve inside a model root.
+  const fs::path requested(output_path);
+  if (!requested.has_filename() || requested.filename() == "." || requested.filename() == "..") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("output_path: '", output_path, "' does not name a file"));
+  }
+  const fs::path parent = requested.parent_path().empty() ? fs::path(".") : requested.parent_path();
+  KILN_ASSIGN_OR_RETURN(fs::path dir, ResolveModelPath(parent.string(), "output_path"));
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("output_path: ", dir.string(), " is not a directory"));
+  }
+  const fs::path file = dir / requested.filename();
+  if (fs::is_symlink(file, ec)) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "output_path: ", file.string(), " is a symlink; kiln does not write through one"));
+  }
+  if (fs::exists(file, ec) && !overwrite) {
+    return absl::AlreadyExistsError(
+        absl::StrCat("output_path: ", file.string(), " exists (set overwrite to replace it)"));
+  }
+  const PreparedModel& model = *snapshot.model;
+  options.embedded_files = model.provenance().embedded_files;
+  if (options.embedded_files.empty() && !snapshot.checkpoint_dir.empty()) {
+    KILN_ASSIGN_OR_RETURN(options.embedded_files, CollectEmbeddableFiles(snapshot.checkpoint_dir));
+  }
+  const Clock::time_point start = Clock::now();
+  KILN_ASSIGN_OR_RETURN(NativeTensorizeResult written,
+                        WriteNativeTensorized(file, model.source(), model.config(), options));
+  TensorizeResult result;
+  result.path = file;
+  result.bytes = written.bytes;
+  result.tensors = written.tensors;
+  result.seconds = SecondsSince(start);
+  LOG(INFO) << "model '" << name << "' tensorized to " << file.string() << " (" << result.bytes
+            << " bytes, " << result.tensors << " tensors, " << result.seconds << " s)";
+  return result;
 }
 
 }  // namespace kiln

@@ -25,6 +25,7 @@
 #include "absl/synchronization/mutex.h"
 #include "engine/engine.h"
 #include "kernels/backend.h"
+#include "loaders/tensorizer_checkpoint.h"
 #include "models/prepared_model.h"
 #include "tokenizer/tokenizer.h"
 
@@ -33,15 +34,26 @@ namespace kiln {
 enum class ModelState { kLoading, kReady, kUnloading, kFailed };
 absl::string_view ModelStateName(ModelState state);
 
+// Tensorizer options of a ModelSpec (kiln.v1.TensorizerOptions in C++). Secrets are never logged.
+struct TensorizerSpec {
+  std::string config_path;  // inside a model root; "" = config.json beside the file
+  bool skip_hash_verification = false;
+  std::string encryption_key;  // 32 raw bytes
+  std::string encryption_passphrase;
+  std::string encryption_key_file;         // server-side file: 32 raw bytes
+  std::string encryption_passphrase_file;  // server-side file: the passphrase (one line)
+};
+
 // What to load: LoadModelRequest and ServerConfig.models in C++.
 struct ModelSpec {
   std::string name;
-  std::string path;    // a model directory inside one of the model roots
-  std::string format;  // "" (detect) or "safetensors"
+  std::string path;    // a model directory or a Tensorizer file inside one of the model roots
+  std::string format;  // "" (detect), "safetensors" or "tensorizer"
   std::string dtype;   // "" (the checkpoint's), "bf16" or "f32"
+  TensorizerSpec tensorizer;
 };
 
-// InvalidArgument naming the field at fault (name, path, format, dtype).
+// InvalidArgument naming the field at fault (name, path, format, dtype, tensorizer.*).
 absl::Status ValidateModelSpec(const ModelSpec& spec);
 
 // "f32", "bf16", "f16": the spelling the API uses for dtypes.
@@ -51,8 +63,9 @@ std::string DTypeApiName(DType dtype);
 struct ModelSnapshot {
   ModelSpec spec;
   ModelState state = ModelState::kLoading;
-  std::string resolved_path;  // canonical model directory, once resolved
-  std::string error;          // FAILED: why
+  std::string resolved_path;   // canonical model directory or file, once resolved
+  std::string checkpoint_dir;  // the directory holding config.json and the tokenizer
+  std::string error;           // FAILED: why
   std::shared_ptr<const PreparedModel> model;
   std::shared_ptr<const Tokenizer> tokenizer;  // null when the model directory has none
   std::string no_tokenizer_reason;             // why there is none
@@ -96,13 +109,27 @@ class ModelRegistry {
   // Every entry, by name.
   std::vector<ModelSnapshot> List() const;
 
+  // Writes READY model `name` as a native tensorized file at `output_path` (resolved like model
+  // paths; its directory must exist inside a model root). AlreadyExists if the file exists and
+  // !overwrite.
+  struct TensorizeResult {
+    std::filesystem::path path;
+    uint64_t bytes = 0;
+    int tensors = 0;
+    double seconds = 0;
+  };
+  absl::StatusOr<TensorizeResult> Tensorize(const std::string& name, const std::string& output_path,
+                                            const std::string& dtype, bool overwrite) const;
+
   // Refuses further loads and stops every engine (in-flight requests end CANCELLED).
   void Shutdown();
 
-  // The canonical model directory for a requested path: absolute, or relative to a model root
-  // (tried in order). PermissionDenied when it resolves outside every root (symlinks followed)
-  // or no root is configured; NotFound when it does not exist.
-  absl::StatusOr<std::filesystem::path> ResolveModelPath(const std::string& path) const;
+  // The canonical model directory or file for a requested path: absolute, or relative to a
+  // model root (tried in order). PermissionDenied when it resolves outside every root (symlinks
+  // followed) or no root is configured; NotFound when it does not exist. `what` names the field
+  // in errors.
+  absl::StatusOr<std::filesystem::path> ResolveModelPath(const std::string& path,
+                                                         absl::string_view what = "path") const;
 
   const std::vector<std::filesystem::path>& model_roots() const { return roots_; }
 
@@ -113,7 +140,8 @@ class ModelRegistry {
   ModelRegistry(RegistryOptions options, std::vector<std::filesystem::path> roots,
                 std::shared_ptr<Backend> backend);
   absl::StatusOr<ModelSnapshot> LoadImpl(const ModelSpec& spec, bool keep_failed);
-  absl::StatusOr<Built> Build(const ModelSpec& spec, const std::filesystem::path& dir) const;
+  absl::StatusOr<Built> Build(const ModelSpec& spec, const std::filesystem::path& path) const;
+  absl::StatusOr<TensorizerCheckpointOptions> TensorizerOptionsFor(const ModelSpec& spec) const;
   std::shared_ptr<Entry> Find(const std::string& name) const;
 
   const RegistryOptions options_;

@@ -15,6 +15,7 @@
 #include "grpcpp/server_builder.h"
 #include "server/auth.h"
 #include "server/inference_service.h"
+#include "server/metrics.h"
 #include "server/models_service.h"
 
 namespace kiln {
@@ -48,6 +49,10 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("listen: '", options.listen, "' is not HOST:PORT"));
   }
+  if (!options.metrics_listen.empty() && options.metrics_listen.rfind(':') == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("metrics_listen: '", options.metrics_listen, "' is not HOST:PORT"));
+  }
   if (options.engine.max_running < 1) {
     return absl::InvalidArgumentError("max_running_sequences must be at least 1");
   }
@@ -61,6 +66,9 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError("default_max_tokens must be at least 1");
   }
   if (options.max_threads < 8) return absl::InvalidArgumentError("max_threads must be at least 8");
+  if (options.token_delay_for_testing < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("token_delay_for_testing must not be negative");
+  }
   return absl::OkStatus();
 }
 
@@ -88,9 +96,31 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(ServerOptions options
     if (!loaded.ok()) LOG(ERROR) << "startup model '" << spec.name << "': " << loaded.status();
   }
 
+  if (!options.metrics_listen.empty()) {
+    server->metrics_ = std::make_unique<ServerMetrics>(server->registry_.get());
+    ServerMetrics* metrics = server->metrics_.get();
+    absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
+        MetricsHttpServer::Start(options.metrics_listen, [metrics] { return metrics->Render(); });
+    if (!http.ok()) {
+      server->registry_->Shutdown();
+      return http.status();
+    }
+    server->metrics_http_ = *std::move(http);
+    server->metrics_port_ = server->metrics_http_->port();
+    server->metrics_address_ = server->metrics_http_->address();
+    LOG(INFO) << "metrics on http://" << server->metrics_address_ << "/metrics";
+  }
+  if (options.token_delay_for_testing > absl::ZeroDuration()) {
+    LOG(WARNING) << "every streamed token is delayed by "
+                 << absl::FormatDuration(options.token_delay_for_testing)
+                 << " (--token-delay-for-testing: for tests and benchmarks only)";
+  }
+
   InferenceServiceOptions inference_options;
   inference_options.defaults.max_tokens = options.default_max_tokens;
   inference_options.cancel_poll = options.cancel_poll;
+  inference_options.metrics = server->metrics_.get();
+  inference_options.token_delay_for_testing = options.token_delay_for_testing;
   server->inference_ =
       std::make_unique<InferenceService>(server->registry_.get(), inference_options);
   server->models_ = std::make_unique<ModelsService>(server->registry_.get(), admin_token);
@@ -145,6 +175,9 @@ std::string RunningServer::ReadyLine() const {
                    " (models: ", ready.empty() ? "none" : absl::StrJoin(ready, ", "));
   if (!failed.empty()) absl::StrAppend(&line, "; failed: ", absl::StrJoin(failed, ", "));
   absl::StrAppend(&line, ")");
+  if (!metrics_address_.empty()) {
+    absl::StrAppend(&line, "; metrics on http://", metrics_address_, "/metrics");
+  }
   return line;
 }
 
@@ -156,6 +189,7 @@ void RunningServer::Shutdown() {
   }
   if (server_ == nullptr) {
     if (registry_ != nullptr) registry_->Shutdown();
+    metrics_http_.reset();
     return;
   }
   LOG(INFO) << "shutting down: in-flight calls have " << absl::FormatDuration(shutdown_grace_)
@@ -165,6 +199,7 @@ void RunningServer::Shutdown() {
   }
   server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(shutdown_grace_));
   registry_->Shutdown();
+  metrics_http_.reset();  // frees its port
   LOG(INFO) << "shut down";
 }
 

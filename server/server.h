@@ -18,7 +18,9 @@
 namespace kiln {
 
 class InferenceService;
+class MetricsHttpServer;
 class ModelsService;
+class ServerMetrics;
 
 struct ServerOptions {
   std::string listen = "127.0.0.1:50051";  // HOST:PORT; port 0 picks a free one
@@ -30,9 +32,14 @@ struct ServerOptions {
   std::string admin_token_file;            // read at start; overrides admin_token
   std::string tls_cert_file;               // both set: TLS; neither: insecure
   std::string tls_key_file;
+  // HOST:PORT of the Prometheus endpoint (HTTP GET /metrics); "" = off; port 0 picks a free one.
+  std::string metrics_listen;
   int max_threads = 256;  // gRPC sync-server threads (≥ concurrent streams)
   absl::Duration shutdown_grace = absl::Seconds(3);  // in-flight calls may finish meanwhile
   absl::Duration cancel_poll = absl::Milliseconds(20);
+  // Tests and benchmarks only: every streamed token is delayed by this much (see
+  // InferenceServiceOptions), so that load tests measure a known inter-token latency.
+  absl::Duration token_delay_for_testing = absl::ZeroDuration();
   // Tests: see RegistryOptions::on_loading_for_testing.
   std::function<void(const ModelSpec&)> on_loading_for_testing;
 };
@@ -46,7 +53,11 @@ class RunningServer {
   int port() const { return port_; }
   // HOST:PORT with the bound port.
   const std::string& address() const { return address_; }
-  // "kiln-server: ready on 127.0.0.1:50051 (models: default)".
+  // The metrics endpoint's bound port and HOST:PORT; 0 and "" when it is off.
+  int metrics_port() const { return metrics_port_; }
+  const std::string& metrics_address() const { return metrics_address_; }
+  // "kiln-server: ready on 127.0.0.1:50051 (models: default)", with
+  // "; metrics on http://127.0.0.1:9090/metrics" appended when the endpoint is on.
   std::string ReadyLine() const;
   ModelRegistry& registry() { return *registry_; }
 
@@ -62,9 +73,13 @@ class RunningServer {
 
   absl::Duration shutdown_grace_;
   std::unique_ptr<ModelRegistry> registry_;
+  std::unique_ptr<ServerMetrics> metrics_;  // null when metrics_listen is ""
   std::unique_ptr<InferenceService> inference_;
   std::unique_ptr<ModelsService> models_;
   std::unique_ptr<grpc::Server> server_;
+  std::unique_ptr<MetricsHttpServer> metrics_http_;  // stopped by Shutdown
+  int metrics_port_ = 0;
+  std::string metrics_address_;
   int port_ = 0;
   std::string address_;
   absl::Mutex shutdown_mutex_;

@@ -1,6 +1,8 @@
 // The oneDNN CPU backend: weights are packed once into the blocked layout oneDNN's brgemm
 // matmul picks for a concrete M (see docs/onednn-2.6.md: 2.6 refuses brgemm for runtime dims),
 // and every call runs a primitive created (and cached) for its concrete M against that layout.
+#include <sys/mman.h>
+
 #include <algorithm>
 #include <atomic>
 #include <bit>
@@ -48,7 +50,19 @@ using AlignedBytes = std::unique_ptr<std::byte, FreeDeleter>;
 
 size_t RoundUp(size_t bytes) { return std::max<size_t>(kAlignment, (bytes + 63) / 64 * 64); }
 
+// Packed weights of a real model are hundreds of MB: 2 MiB pages make first touch (at packing)
+// ~500× fewer page faults and cut TLB misses when decode streams them. The kernel backs such
+// ranges with huge pages only when asked (transparent_hugepage "madvise" mode, the default).
+constexpr size_t kHugePage = size_t{2} << 20;
+
 AlignedBytes AllocAligned(size_t bytes) {
+  if (bytes >= 2 * kHugePage) {
+    const size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
+    void* p = std::aligned_alloc(kHugePage, size);
+    if (p == nullptr) throw std::bad_alloc();
+    ::madvise(p, size, MADV_HUGEPAGE);  // advisory: failure only costs speed
+    return AlignedBytes(static_cast<std::byte*>(p));
+  }
   void* p = std::aligned_alloc(kAlignment, RoundUp(bytes));
   if (p == nullptr) throw std::bad_alloc();
   return AlignedBytes(static_cast<std::byte*>(p));
@@ -248,22 +262,36 @@ class OneDnnLinear final : public PackedLinear {
     packed_md_ = rep->weights_md;
     kernel_name_ = rep->impl;
 
-    // Plain W[N, K] in the compute dtype, which is weights {K, N} in layout `ba`.
+    // Plain W[N, K] in the compute dtype, which is weights {K, N} in layout `ba`. A single block
+    // already in the compute dtype and naturally aligned (e.g. the fused weights of a native
+    // tensorized file) is used where it lies: the reorder reads it directly, saving a full copy.
+    // Unaligned views (Tensorizer data offsets are arbitrary) are copied by ConvertBlock.
     const size_t plain_bytes = static_cast<size_t>(n_ * k_) * DTypeSize(dtype_);
-    AlignedBytes plain = AllocAligned(plain_bytes);
-    size_t offset = 0;
-    for (const WeightView& block : spec.row_blocks) {
-      ConvertBlock(block, dtype_, plain.get() + offset);
-      offset += static_cast<size_t>(block.rows * k_) * DTypeSize(dtype_);
+    const bool use_source =
+        spec.row_blocks.size() == 1 && spec.row_blocks[0].dtype == dtype_ &&
+        reinterpret_cast<uintptr_t>(spec.row_blocks[0].data) % DTypeSize(dtype_) == 0;
+    AlignedBytes plain;
+    std::byte* plain_data = nullptr;
+    if (use_source) {
+      // The reorder only reads its source.
+      plain_data = const_cast<std::byte*>(spec.row_blocks[0].data);
+    } else {
+      plain = AllocAligned(plain_bytes);
+      plain_data = plain.get();
+      size_t offset = 0;
+      for (const WeightView& block : spec.row_blocks) {
+        ConvertBlock(block, dtype_, plain_data + offset);
+        offset += static_cast<size_t>(block.rows * k_) * DTypeSize(dtype_);
+      }
     }
     const memory::desc plain_md({k_, n_}, ToDnnl(dtype_), Tag::ba);
     const size_t packed_size = packed_md_.get_size();
     packed_ = AllocAligned(packed_size);
     weights_mem_ = memory(packed_md_, engine_, packed_.get());
     if (plain_md == packed_md_) {
-      std::memcpy(packed_.get(), plain.get(), plain_bytes);
+      std::memcpy(packed_.get(), plain_data, plain_bytes);
     } else {
-      memory plain_mem(plain_md, engine_, plain.get());
+      memory plain_mem(plain_md, engine_, plain_data);
       dnnl::stream& stream = ThreadStream(engine_);
       dnnl::reorder(plain_mem, weights_mem_).execute(stream, plain_mem, weights_mem_);
       stream.wait();

@@ -25,6 +25,8 @@ import tempfile
 import threading
 import time
 import traceback
+import urllib.error
+import urllib.request
 
 RPC_TIMEOUT = 20  # seconds, each call
 READY_TIMEOUT = 30  # seconds for the server's ready line
@@ -163,7 +165,7 @@ class Checks:
 
 
 class Test:
-    def __init__(self, args, tmp, address):
+    def __init__(self, args, tmp, address, metrics_url=None):
         import grpc
         import kiln_e2e_health_pb2 as health_pb2
         import kiln_e2e_health_pb2_grpc as health_grpc
@@ -172,6 +174,7 @@ class Test:
 
         self.grpc, self.pb, self.health_pb2 = grpc, pb, health_pb2
         self.args, self.tmp, self.address = args, tmp, address
+        self.metrics_url = metrics_url
         self.model_dir = os.path.join(tmp, "models", "m")
         self.token_file = os.path.join(tmp, "admin-token")
         self.channel = grpc.insecure_channel(address)
@@ -442,6 +445,44 @@ class Test:
         # Inference needs no token.
         self.generate(self.request(max_tokens=1))
 
+    def metrics(self):
+        """GET /metrics (--metrics-listen) moves with a Generate call; other paths are 404."""
+        if self.metrics_url is None:
+            raise Skip("the ready line names no metrics endpoint")
+
+        def scrape():
+            with urllib.request.urlopen(self.metrics_url, timeout=RPC_TIMEOUT) as reply:
+                expect(reply.status == 200, f"GET /metrics: HTTP {reply.status}")
+                kind = reply.headers.get("Content-Type", "")
+                expect(kind.startswith("text/plain"), f"Content-Type {kind!r}")
+                return reply.read().decode()
+
+        def value(text, series):
+            for line in text.splitlines():
+                if line.startswith(series + " "):
+                    return float(line.rsplit(" ", 1)[1])
+            return 0.0
+
+        ok = 'kiln_requests_total{model="tiny",code="OK",finish_reason="length"}'
+        tokens = 'kiln_generation_tokens_total{model="tiny"}'
+        ttft = 'kiln_time_to_first_token_seconds_count{model="tiny"}'
+        before = scrape()
+        self.generate(self.request(max_tokens=4))
+        after = scrape()
+        expect(value(after, ok) == value(before, ok) + 1, f"{ok}: {value(after, ok)}")
+        expect(value(after, tokens) == value(before, tokens) + 4,
+               f"{tokens}: {value(after, tokens)}")
+        expect(value(after, ttft) == value(before, ttft) + 1, f"{ttft}: {value(after, ttft)}")
+        expect('kiln_models{state="READY"}' in after, "no kiln_models gauge")
+        expect("# TYPE kiln_e2e_request_latency_seconds histogram" in after, "no e2e histogram")
+        try:
+            urllib.request.urlopen(self.metrics_url[:-len("/metrics")] + "/nope",
+                                   timeout=RPC_TIMEOUT)
+        except urllib.error.HTTPError as e:
+            expect(e.code == 404, f"GET /nope: HTTP {e.code}")
+        else:
+            raise AssertionError("GET /nope succeeded")
+
     # ---- the CLI ---------------------------------------------------------------------------
 
     def cli_health(self):
@@ -506,6 +547,30 @@ class Test:
         out, _ = self.kiln("models", "unload", "tiny3", self.server_flag(), token)
         expect("tiny3" in out, f"`models unload`: {out!r}")
 
+    def cli_tensorize(self):
+        # `kiln tensorize` (local) writes a native file that the server loads on its own; the
+        # Tensorize RPC (`kiln models tensorize`) writes one from the loaded model.
+        token = f"--admin-token-file={self.token_file}"
+        local = os.path.join(self.tmp, "models", "native-local.tensors")
+        out, _ = self.kiln("tensorize", f"--model={self.model_dir}", f"--out={local}")
+        expect("engine layout" in out and os.path.getsize(local) > 0, f"`tensorize`: {out!r}")
+        remote = os.path.join(self.tmp, "models", "native-rpc.tensors")
+        out, _ = self.kiln("models", "tensorize", "tiny", remote, self.server_flag(), token)
+        expect(os.path.exists(remote), f"`models tensorize`: {out!r}")
+        for name, path in (("native-local", local), ("native-rpc", remote)):
+            out, _ = self.kiln("models", "load", name, path, self.server_flag(), token)
+            expect("READY" in out and "tensorizer" in out, f"`models load {path}`: {out!r}")
+            try:
+                if self.greedy_ids is not None:
+                    ids = [i for r in self.generate(self.request(model=name, max_tokens=8))
+                           for i in r.token_ids]
+                    expect(ids == self.greedy_ids, f"{name}: same weights, other tokens {ids}")
+            finally:
+                self.kiln("models", "unload", name, self.server_flag(), token)
+        _, err = self.kiln("models", "tensorize", "tiny", remote, self.server_flag(), token,
+                           expect_rc=1)
+        expect("ALREADY_EXISTS" in err, f"stderr {err!r}")
+
     def cli_errors(self):
         _, err = self.kiln("generate", self.server_flag(), "--model=nope", "--prompt_ids=1,2",
                            expect_rc=1)
@@ -547,18 +612,24 @@ def main():
         server = Server(args.server, [
             "--listen", address, "--model-root", os.path.join(tmp, "models"),
             "--model", f"tiny={model_dir}", "--admin-token-file", os.path.join(tmp, "admin-token"),
+            "--metrics-listen", "127.0.0.1:0",
         ], os.path.join(tmp, "server.log"))
         server.wait_ready(READY_TIMEOUT)
+        ready = next(line for line in server.lines if line.startswith("kiln-server: ready on"))
+        metrics_url = None
+        if "; metrics on " in ready:
+            metrics_url = ready.split("; metrics on ", 1)[1].split()[0]
         print(f"e2e: kiln-server ready on {address} after {time.monotonic() - start:.1f} s "
               f"(tokenizer: {os.path.exists(os.path.join(model_dir, 'tokenizer.json'))})",
               flush=True)
 
-        t = Test(args, tmp, address)
+        t = Test(args, tmp, address, metrics_url)
         for name in ("health_serving", "greedy_length", "greedy_deterministic", "eos_respected",
                      "seeded_sampling", "logprobs", "concurrent_greedy", "text_prompt",
                      "stop_string", "list_and_get", "load_unload", "errors", "admin_token",
-                     "cancel_then_serve", "cli_health", "cli_health_unreachable", "cli_generate",
-                     "cli_generate_text", "cli_tokenize", "cli_models", "cli_errors"):
+                     "metrics", "cancel_then_serve", "cli_health", "cli_health_unreachable",
+                     "cli_generate", "cli_generate_text", "cli_tokenize", "cli_models",
+                     "cli_tensorize", "cli_errors"):
             checks.run(name, getattr(t, name))
         t.channel.close()
     except Exception as e:  # noqa: BLE001 - setup failed: report it, stop the server

@@ -27,13 +27,15 @@ struct StoredBlock {
   WeightView view;
 };
 
-StoredBlock MakeBlock(DType dtype, int64_t rows, int64_t cols, std::mt19937& rng) {
+StoredBlock MakeBlock(DType dtype, int64_t rows, int64_t cols, std::mt19937& rng,
+                      size_t misalignment = 1) {
   std::uniform_real_distribution<float> dist(-1.0f, 1.0f);
   StoredBlock block;
   block.values.resize(rows * cols);
   for (float& v : block.values) v = dist(rng);
-  block.storage.resize(rows * cols * DTypeSize(dtype) + 1);
-  std::byte* data = block.storage.data() + 1;
+  block.storage.resize(rows * cols * DTypeSize(dtype) + 64);
+  // vector<std::byte> storage comes from operator new: 16-byte aligned.
+  std::byte* data = block.storage.data() + misalignment;
   ConvertFromF32(dtype, block.values.data(), rows * cols, data);
   ConvertToF32(dtype, data, rows * cols, block.values.data());
   block.view = WeightView{dtype, rows, cols, data};
@@ -61,13 +63,13 @@ struct Problem {
 };
 
 Problem MakeProblem(DType compute, DType source, int64_t k, const std::vector<int64_t>& rows,
-                    bool bias, uint32_t seed) {
+                    bool bias, uint32_t seed, size_t misalignment = 1) {
   std::mt19937 rng(seed);
   Problem p;
   p.compute = compute;
   p.k = k;
   for (int64_t r : rows) {
-    p.blocks.push_back(MakeBlock(source, r, k, rng));
+    p.blocks.push_back(MakeBlock(source, r, k, rng, misalignment));
     p.w.insert(p.w.end(), p.blocks.back().values.begin(), p.blocks.back().values.end());
     p.n += r;
   }
@@ -167,6 +169,25 @@ TEST_P(PackedLinearTest, MatchesReferenceForSmallShapes) {
         EXPECT_FALSE((*linear)->kernel_name().empty());
         CheckForward(**linear, p, {1, 2, 7, 16, 64, 300});
       }
+    }
+  }
+}
+
+// A single naturally aligned block already in the compute dtype is reordered where it lies
+// (no staging copy); misaligned or converted blocks are staged. Both give the reference result.
+TEST_P(PackedLinearTest, AlignedSingleBlockPacksInPlace) {
+  std::unique_ptr<Backend> backend = MakeBackend();
+  ASSERT_NE(backend, nullptr);
+  for (size_t misalignment : {size_t{0}, size_t{1}, size_t{2}, size_t{4}}) {
+    for (DType source : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(testing::Message()
+                   << "misalignment " << misalignment << " source " << DTypeName(source));
+      Problem p = MakeProblem(GetParam(), source, 160, {96}, false, 7, misalignment);
+      const std::vector<std::byte> before = p.blocks[0].storage;
+      auto linear = backend->PackLinear(p.Spec("test.in_place"));
+      ASSERT_TRUE(linear.ok()) << linear.status();
+      EXPECT_EQ(p.blocks[0].storage, before) << "packing must not write its source";
+      CheckForward(**linear, p, {1, 5, 64});
     }
   }
 }

@@ -122,85 +122,173 @@ void CheckConfig(const ModelConfig& c) {
   if (c.head_dim <= 0 || c.head_dim % 2 != 0) fail("head_dim must be positive and even");
 }
 
-}  // namespace
+// Rotary tables and the attention mask of one sequence at positions 0..n-1.
+struct SequenceTables {
+  torch::Tensor cos, sin;  // [n, 1, head_dim]
+  torch::Tensor masked;    // [n, n], true where a query must not see a key
+};
 
-torch::Tensor ReferenceLogits(const ModelConfig& config, const Weights& weights,
-                              const std::vector<int64_t>& token_ids, ReferencePrecision precision) {
-  CheckConfig(config);
-  const torch::ScalarType dt =
-      precision == ReferencePrecision::kFloat64 ? torch::kDouble : torch::kFloat;
-  const WeightGetter w(weights, dt);
-  const int64_t n = static_cast<int64_t>(token_ids.size());
+SequenceTables MakeTables(const ModelConfig& config, int64_t n, torch::ScalarType dt) {
+  SequenceTables t;
+  // cos/sin of cat(freqs, freqs).
+  torch::Tensor positions = torch::arange(n, torch::kLong).to(dt);
+  torch::Tensor freqs = torch::outer(positions, InvFreq(config, dt));
+  torch::Tensor emb = torch::cat({freqs, freqs}, -1);
+  t.cos = emb.cos().unsqueeze(1);
+  t.sin = emb.sin().unsqueeze(1);
+  // Masked: keys after the query and, with a sliding window, keys at query - window or earlier
+  // (transformers' sliding_window_overlay: a query sees at most `sliding_window` keys).
+  t.masked = torch::ones({n, n}, torch::kBool).triu(/*diagonal=*/1);
+  if (config.sliding_window > 0) {
+    t.masked = t.masked.logical_or(
+        torch::ones({n, n}, torch::kBool).tril(/*diagonal=*/-config.sliding_window));
+  }
+  return t;
+}
+
+// One decoder layer (attention + MLP with residuals) whose weights are named `p` + the Hugging
+// Face names, e.g. p = "model.layers.3.".
+torch::Tensor DecoderLayer(const ModelConfig& config, const WeightGetter& w, const std::string& p,
+                           torch::Tensor x, const SequenceTables& tables) {
+  const int64_t n = x.size(0);
   const int64_t hidden = config.hidden_size;
   const int64_t heads = config.num_attention_heads;
   const int64_t kv_heads = config.num_key_value_heads;
   const int64_t head_dim = config.head_dim;
   const int64_t inter = config.intermediate_size;
-  const int64_t vocab = config.vocab_size;
   const double eps = config.rms_norm_eps;
-  for (int64_t id : token_ids) {
-    if (id < 0 || id >= vocab) {
-      throw std::invalid_argument(absl::StrCat("ReferenceLogits: token id ", id, " out of range"));
-    }
-  }
-
-  torch::Tensor embed = w.Get("model.embed_tokens.weight", {vocab, hidden});
-  torch::Tensor ids = torch::tensor(std::vector<int64_t>(token_ids), torch::kLong);
-  torch::Tensor x = embed.index_select(0, ids);  // [n, hidden]
-
-  // Rotary tables for positions 0..n-1: cos/sin of cat(freqs, freqs), [n, 1, head_dim].
-  torch::Tensor positions = torch::arange(n, torch::kLong).to(dt);
-  torch::Tensor freqs = torch::outer(positions, InvFreq(config, dt));
-  torch::Tensor emb = torch::cat({freqs, freqs}, -1);
-  torch::Tensor cos = emb.cos().unsqueeze(1);
-  torch::Tensor sin = emb.sin().unsqueeze(1);
-  // Masked: keys after the query and, with a sliding window, keys at query - window or earlier
-  // (transformers' sliding_window_overlay: a query sees at most `sliding_window` keys).
-  torch::Tensor masked = torch::ones({n, n}, torch::kBool).triu(/*diagonal=*/1);
-  if (config.sliding_window > 0) {
-    masked = masked.logical_or(
-        torch::ones({n, n}, torch::kBool).tril(/*diagonal=*/-config.sliding_window));
-  }
   const double scaling = 1.0 / std::sqrt(static_cast<double>(head_dim));
   const int64_t group = heads / kv_heads;
 
-  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
-    const std::string p = LayerPrefix(layer);
-    torch::Tensor h = RmsNorm(x, w.Get(p + "input_layernorm.weight", {hidden}), eps);
-    const bool bias = config.qkv_bias;
-    torch::Tensor q = Linear(w, p + "self_attn.q_proj", h, heads * head_dim, hidden, bias)
-                          .view({n, heads, head_dim});
-    torch::Tensor k = Linear(w, p + "self_attn.k_proj", h, kv_heads * head_dim, hidden, bias)
-                          .view({n, kv_heads, head_dim});
-    torch::Tensor v = Linear(w, p + "self_attn.v_proj", h, kv_heads * head_dim, hidden, bias)
-                          .view({n, kv_heads, head_dim});
-    if (config.qk_norm) {
-      q = RmsNorm(q, w.Get(p + "self_attn.q_norm.weight", {head_dim}), eps);
-      k = RmsNorm(k, w.Get(p + "self_attn.k_norm.weight", {head_dim}), eps);
-    }
-    q = q * cos + RotateHalf(q) * sin;
-    k = k * cos + RotateHalf(k) * sin;
-
-    // [heads, n, head_dim]; query head j reads kv head j / group (transformers' repeat_kv).
-    q = q.transpose(0, 1);
-    k = k.transpose(0, 1).repeat_interleave(group, 0);
-    v = v.transpose(0, 1).repeat_interleave(group, 0);
-    torch::Tensor scores = torch::matmul(q, k.transpose(1, 2)) * scaling;  // [heads, n, n]
-    scores = scores.masked_fill(masked, -std::numeric_limits<double>::infinity());
-    torch::Tensor probs = torch::softmax(scores, -1);
-    torch::Tensor attn = torch::matmul(probs, v).transpose(0, 1).reshape({n, heads * head_dim});
-    x = x + Linear(w, p + "self_attn.o_proj", attn, hidden, heads * head_dim, config.o_proj_bias);
-
-    h = RmsNorm(x, w.Get(p + "post_attention_layernorm.weight", {hidden}), eps);
-    torch::Tensor gate = Linear(w, p + "mlp.gate_proj", h, inter, hidden, false);
-    torch::Tensor up = Linear(w, p + "mlp.up_proj", h, inter, hidden, false);
-    x = x + Linear(w, p + "mlp.down_proj", torch::silu(gate) * up, hidden, inter, false);
+  torch::Tensor h = RmsNorm(x, w.Get(p + "input_layernorm.weight", {hidden}), eps);
+  const bool bias = config.qkv_bias;
+  torch::Tensor q = Linear(w, p + "self_attn.q_proj", h, heads * head_dim, hidden, bias)
+                        .view({n, heads, head_dim});
+  torch::Tensor k = Linear(w, p + "self_attn.k_proj", h, kv_heads * head_dim, hidden, bias)
+                        .view({n, kv_heads, head_dim});
+  torch::Tensor v = Linear(w, p + "self_attn.v_proj", h, kv_heads * head_dim, hidden, bias)
+                        .view({n, kv_heads, head_dim});
+  if (config.qk_norm) {
+    q = RmsNorm(q, w.Get(p + "self_attn.q_norm.weight", {head_dim}), eps);
+    k = RmsNorm(k, w.Get(p + "self_attn.k_norm.weight", {head_dim}), eps);
   }
+  q = q * tables.cos + RotateHalf(q) * tables.sin;
+  k = k * tables.cos + RotateHalf(k) * tables.sin;
 
-  x = RmsNorm(x, w.Get("model.norm.weight", {hidden}), eps);
-  torch::Tensor lm_head =
-      config.tie_word_embeddings ? embed : w.Get("lm_head.weight", {vocab, hidden});
-  return torch::matmul(x, lm_head.t()).to(torch::kFloat).contiguous();
+  // [heads, n, head_dim]; query head j reads kv head j / group (transformers' repeat_kv).
+  q = q.transpose(0, 1);
+  k = k.transpose(0, 1).repeat_interleave(group, 0);
+  v = v.transpose(0, 1).repeat_interleave(group, 0);
+  torch::Tensor scores = torch::matmul(q, k.transpose(1, 2)) * scaling;  // [heads, n, n]
+  scores = scores.masked_fill(tables.masked, -std::numeric_limits<double>::infinity());
+  torch::Tensor probs = torch::softmax(scores, -1);
+  torch::Tensor attn = torch::matmul(probs, v).transpose(0, 1).reshape({n, heads * head_dim});
+  x = x + Linear(w, p + "self_attn.o_proj", attn, hidden, heads * head_dim, config.o_proj_bias);
+
+  h = RmsNorm(x, w.Get(p + "post_attention_layernorm.weight", {hidden}), eps);
+  torch::Tensor gate = Linear(w, p + "mlp.gate_proj", h, inter, hidden, false);
+  torch::Tensor up = Linear(w, p + "mlp.up_proj", h, inter, hidden, false);
+  return x + Linear(w, p + "mlp.down_proj", torch::silu(gate) * up, hidden, inter, false);
+}
+
+torch::Tensor LmHead(const ModelConfig& config, const WeightGetter& w) {
+  const std::string name =
+      config.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight";
+  return w.Get(name, {config.vocab_size, config.hidden_size});
+}
+
+void CheckIds(const ModelConfig& config, const std::vector<int64_t>& token_ids) {
+  for (int64_t id : token_ids) {
+    if (id < 0 || id >= config.vocab_size) {
+      throw std::invalid_argument(absl::StrCat("ReferenceLogits: token id ", id, " out of range"));
+    }
+  }
+}
+
+torch::ScalarType ComputeType(ReferencePrecision precision) {
+  return precision == ReferencePrecision::kFloat64 ? torch::kDouble : torch::kFloat;
+}
+
+}  // namespace
+
+torch::Tensor ReferenceFinalHidden(const ModelConfig& config, const Weights& weights,
+                                   const std::vector<int64_t>& token_ids,
+                                   ReferencePrecision precision) {
+  CheckConfig(config);
+  CheckIds(config, token_ids);
+  const torch::ScalarType dt = ComputeType(precision);
+  const WeightGetter w(weights, dt);
+  const int64_t n = static_cast<int64_t>(token_ids.size());
+  torch::Tensor embed = w.Get("model.embed_tokens.weight", {config.vocab_size, config.hidden_size});
+  torch::Tensor ids = torch::tensor(std::vector<int64_t>(token_ids), torch::kLong);
+  torch::Tensor x = embed.index_select(0, ids);  // [n, hidden]
+  const SequenceTables tables = MakeTables(config, n, dt);
+  for (int64_t layer = 0; layer < config.num_hidden_layers; ++layer) {
+    x = DecoderLayer(config, w, LayerPrefix(layer), x, tables);
+  }
+  return RmsNorm(x, w.Get("model.norm.weight", {config.hidden_size}), config.rms_norm_eps);
+}
+
+torch::Tensor ReferenceLogits(const ModelConfig& config, const Weights& weights,
+                              const std::vector<int64_t>& token_ids, ReferencePrecision precision) {
+  torch::Tensor x = ReferenceFinalHidden(config, weights, token_ids, precision);
+  const WeightGetter w(weights, ComputeType(precision));
+  return torch::matmul(x, LmHead(config, w).t()).to(torch::kFloat).contiguous();
+}
+
+ReferenceMtpOutput ReferenceMtpStep(const ModelConfig& config, const Weights& weights,
+                                    const ReferenceMtpHead& head,
+                                    const std::vector<int64_t>& token_ids,
+                                    const torch::Tensor& hidden, ReferencePrecision precision) {
+  CheckConfig(config);
+  CheckIds(config, token_ids);
+  const torch::ScalarType dt = ComputeType(precision);
+  const WeightGetter w(weights, dt);
+  const int64_t n = static_cast<int64_t>(token_ids.size());
+  const int64_t hsize = config.hidden_size;
+  const double eps = config.rms_norm_eps;
+  if (hidden.sizes() != torch::IntArrayRef({n, hsize})) {
+    throw std::invalid_argument("ReferenceMtpStep: hidden has shape " +
+                                ShapeString(hidden.sizes()) + ", expected " +
+                                ShapeString({n, hsize}));
+  }
+  torch::Tensor embed = w.Get("model.embed_tokens.weight", {config.vocab_size, hsize});
+  torch::Tensor ids = torch::tensor(std::vector<int64_t>(token_ids), torch::kLong);
+  torch::Tensor e = embed.index_select(0, ids);  // [n, hidden]
+  if (head.zero_embedding_at_start && n > 0) e[0].zero_();
+  torch::Tensor e_normed = RmsNorm(e, w.Get(head.embedding_norm, {hsize}), eps);
+  torch::Tensor h_normed = RmsNorm(hidden.to(dt), w.Get(head.hidden_norm, {hsize}), eps);
+  torch::Tensor joined = head.hidden_first ? torch::cat({h_normed, e_normed}, -1)
+                                           : torch::cat({e_normed, h_normed}, -1);
+  torch::Tensor x = torch::matmul(joined, w.Get(head.proj, {hsize, 2 * hsize}).t());
+  x = DecoderLayer(config, w, head.block_prefix, x, MakeTables(config, n, dt));
+  torch::Tensor normed = RmsNorm(x, w.Get(head.final_norm, {hsize}), eps);
+  ReferenceMtpOutput out;
+  out.logits = torch::matmul(normed, LmHead(config, w).t()).to(torch::kFloat).contiguous();
+  out.next_hidden = (head.next_hidden_normed ? normed : x).to(torch::kFloat).contiguous();
+  return out;
+}
+
+void AddRandomMtpWeights(const ModelConfig& config, const ReferenceMtpHead& head, uint64_t seed,
+                         DType dtype, std::map<std::string, torch::Tensor>& weights) {
+  ModelConfig one = config;
+  one.num_hidden_layers = 1;
+  const std::string layer0 = LayerPrefix(0);
+  for (auto& [name, tensor] : RandomHfWeights(one, seed, dtype)) {
+    if (name.rfind(layer0, 0) == 0)
+      weights[head.block_prefix + name.substr(layer0.size())] = tensor;
+  }
+  at::Generator gen = at::detail::createCPUGenerator(seed + 1);
+  const int64_t h = config.hidden_size;
+  auto make = [&](std::vector<int64_t> shape, double stddev, double mean) {
+    return (torch::randn(shape, gen, torch::kFloat) * stddev + mean)
+        .to(TorchDType(dtype))
+        .contiguous();
+  };
+  weights[head.embedding_norm] = make({h}, 0.1, 1.0);
+  weights[head.hidden_norm] = make({h}, 0.1, 1.0);
+  weights[head.proj] = make({h, 2 * h}, 1.0 / std::sqrt(2.0 * static_cast<double>(h)), 0.0);
+  weights[head.final_norm] = make({h}, 0.1, 1.0);
 }
 
 std::map<std::string, torch::Tensor> RandomHfWeights(const ModelConfig& config, uint64_t seed,

@@ -40,6 +40,49 @@ torch::Tensor ReferenceLogits(const ModelConfig& config,
                               const std::vector<int64_t>& token_ids,
                               ReferencePrecision precision = ReferencePrecision::kFloat32);
 
+// The main model's last hidden states after the final norm (the input of the LM head), float32
+// or float64 [token_ids.size(), hidden_size]: what MTP heads read as h_i. Same contract as
+// ReferenceLogits.
+torch::Tensor ReferenceFinalHidden(const ModelConfig& config,
+                                   const std::map<std::string, torch::Tensor>& weights,
+                                   const std::vector<int64_t>& token_ids,
+                                   ReferencePrecision precision = ReferencePrecision::kFloat32);
+
+// An MTP head by the names of its weights (docs/mtp.md). The decoder block is `config`'s
+// architecture with its Hugging Face names under `block_prefix`.
+struct ReferenceMtpHead {
+  std::string embedding_norm;  // e.g. "model.layers.2.enorm.weight"
+  std::string hidden_norm;     // e.g. "model.layers.2.hnorm.weight"
+  std::string proj;            // [hidden, 2·hidden], e.g. "model.layers.2.eh_proj.weight"
+  std::string final_norm;      // e.g. "model.layers.2.shared_head.norm.weight"
+  std::string block_prefix;    // e.g. "model.layers.2."
+  bool hidden_first = false;   // concat(hnorm(h), enorm(e)) (MiMo) instead of (enorm(e), hnorm(h))
+  bool zero_embedding_at_start = true;  // e = 0 at position 0 (DeepSeek, GLM, MiMo)
+  bool next_hidden_normed = false;      // next_hidden is h' after final_norm (Qwen3-Next, MiMo)
+};
+
+struct ReferenceMtpOutput {
+  torch::Tensor logits;       // float32 [n, vocab]: lm_head(final_norm(h'))
+  torch::Tensor next_hidden;  // float32 [n, hidden]: h' (after final_norm if next_hidden_normed)
+};
+
+// The MTP step of docs/mtp.md for one sequence at positions 0..n-1 in one causal pass:
+//   e = Embed(token_ids[p]); x = proj(concat(enorm(e), hnorm(hidden[p]))); h' = block(x);
+//   logits = lm_head(final_norm(h')), with the main model's embedding and lm_head.
+// `hidden` is [n, hidden_size]. A second draft step at position n is the last row of a pass over
+// n + 1 rows whose last hidden row is the first pass's next_hidden[n - 1].
+ReferenceMtpOutput ReferenceMtpStep(const ModelConfig& config,
+                                    const std::map<std::string, torch::Tensor>& weights,
+                                    const ReferenceMtpHead& head,
+                                    const std::vector<int64_t>& token_ids,
+                                    const torch::Tensor& hidden,
+                                    ReferencePrecision precision = ReferencePrecision::kFloat32);
+
+// Adds deterministic random weights of `head` to `weights`: the block as RandomHfWeights makes a
+// layer (renamed under block_prefix), the norms 1 + 0.1 N(0, 1), proj N(0, 1) / sqrt(2·hidden).
+void AddRandomMtpWeights(const ModelConfig& config, const ReferenceMtpHead& head, uint64_t seed,
+                         DType dtype, std::map<std::string, torch::Tensor>& weights);
+
 // Deterministic random weights for `config`'s architecture, with the Hugging Face names and
 // shapes, rounded to `dtype` (torch float32 / bfloat16 / float16), contiguous, on the CPU:
 //   model.embed_tokens.weight [vocab, hidden]             N(0, 1), tied: N(0, 1) / sqrt(hidden)

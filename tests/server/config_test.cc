@@ -65,6 +65,36 @@ TEST(ConfigTest, UnsetFieldsKeepTheDefaults) {
   EXPECT_EQ(options.model_roots, std::vector<std::string>{"/m"});  // absolute: kept
 }
 
+TEST(ConfigTest, TensorizerOptionsOfAModel) {
+  absl::StatusOr<v1::ServerConfig> config = ParseServerConfig(R"pb(
+    models {
+      name: "llama"
+      path: "llama/model.tensors"
+      format: "tensorizer"
+      tensorizer {
+        config_path: "llama/config.json"
+        skip_hash_verification: true
+        encryption_key_file: "keys/llama.key"
+      }
+    }
+    models {
+      name: "other"
+      path: "other.tensors"
+      tensorizer { encryption_passphrase_file: "/run/secrets/other" }
+    }
+  )pb");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ServerOptions options;
+  ASSERT_TRUE(ApplyServerConfig(*config, "/etc/kiln", &options).ok());
+  ASSERT_EQ(options.models.size(), 2u);
+  const TensorizerSpec& llama = options.models[0].tensorizer;
+  EXPECT_EQ(options.models[0].format, "tensorizer");
+  EXPECT_EQ(llama.config_path, "llama/config.json");  // resolved inside the model roots later
+  EXPECT_TRUE(llama.skip_hash_verification);
+  EXPECT_EQ(llama.encryption_key_file, "/etc/kiln/keys/llama.key");  // relative to the config
+  EXPECT_EQ(options.models[1].tensorizer.encryption_passphrase_file, "/run/secrets/other");
+}
+
 TEST(ConfigTest, RepeatedFlagsAreCollected) {
   std::vector<std::string> args = {
       "kiln-server", "--model_root=/a,/b", "--listen=x:1", "-model_root", "/c", "--model_root",

@@ -1,0 +1,333 @@
+#include "clients/loadgen/options.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <optional>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+
+namespace kiln::loadgen {
+namespace {
+
+absl::Status Bad(const std::string& flag, const std::string& why) {
+  return absl::InvalidArgumentError(absl::StrCat("--", flag, ": ", why));
+}
+
+template <typename Int>
+absl::Status ParseInt(const std::string& flag, const std::string& text, Int min, Int* out) {
+  if (!absl::SimpleAtoi(text, out))
+    return Bad(flag, absl::StrCat("'", text, "' is not an integer"));
+  if (*out < min) return Bad(flag, absl::StrCat("must be at least ", min));
+  return absl::OkStatus();
+}
+
+absl::Status ParsePositive(const std::string& flag, const std::string& text, double* out) {
+  if (!absl::SimpleAtod(text, out) || !(*out > 0) || !std::isfinite(*out)) {
+    return Bad(flag, absl::StrCat("'", text, "' is not a positive number"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ParseBool(const std::string& flag, const std::string& text, bool* out) {
+  const std::string lower = absl::AsciiStrToLower(text);
+  if (lower.empty() || lower == "true" || lower == "1" || lower == "yes") {
+    *out = true;
+  } else if (lower == "false" || lower == "0" || lower == "no") {
+    *out = false;
+  } else {
+    return Bad(flag, absl::StrCat("'", text, "' is not true or false"));
+  }
+  return absl::OkStatus();
+}
+
+// Length flags are combined after parsing: --X-tokens, --X-tokens-stddev, --X-tokens-dist.
+struct LengthFlags {
+  std::optional<int64_t> mean;
+  std::optional<double> stddev;
+  std::optional<std::string> dist;
+};
+
+absl::StatusOr<LengthDistribution> BuildLength(const std::string& name, const LengthFlags& flags,
+                                               int64_t default_mean) {
+  LengthDistribution out = LengthDistribution::Fixed(flags.mean.value_or(default_mean));
+  if (flags.stddev && *flags.stddev > 0) {
+    out = {LengthDistribution::Kind::kNormal, out.a, *flags.stddev};
+  }
+  if (flags.dist) {
+    if (flags.stddev && *flags.stddev > 0) {
+      return Bad(name + "-tokens-dist", absl::StrCat("give it or --", name, "-tokens-stddev"));
+    }
+    absl::StatusOr<LengthDistribution> parsed = LengthDistribution::Parse(*flags.dist, out);
+    if (!parsed.ok()) return Bad(name + "-tokens-dist", std::string(parsed.status().message()));
+    out = *parsed;
+  }
+  return out;
+}
+
+struct Flag {
+  std::string name;        // with dashes
+  std::string value_name;  // "" for a boolean
+  std::string help;
+};
+
+const std::vector<Flag>& Flags() {
+  static const std::vector<Flag> flags = {
+      {"target", "HOST:PORT", "kiln-server to load (default 127.0.0.1:50051)"},
+      {"model", "NAME", "model to generate with (default \"default\")"},
+      {"tls", "", "connect with TLS, trusting the system's CA certificates"},
+      {"tls-ca", "FILE", "connect with TLS, trusting the CA certificates (PEM) in FILE"},
+      {"connections", "N", "gRPC connections to spread the streams over (default 1)"},
+      {"connect-timeout", "DURATION", "wait this long for the server before giving up (10s)"},
+      {"request-timeout", "DURATION", "deadline of each request (default 10m)"},
+      {"threads", "N", "completion-queue threads (default 2)"},
+      {"concurrency", "N",
+       "closed loop: keep N requests in flight, each replaced as it ends (the default, N = 1, "
+       "when no --rate is given)"},
+      {"rate", "R", "open loop: Poisson arrivals at R requests/s"},
+      {"rates", "R1,R2,...", "open loop sweep: one phase per rate, each for --duration/--requests"},
+      {"max-concurrency", "N",
+       "open loop: arrivals wait while N requests are in flight (0: no cap)"},
+      {"duration", "DURATION",
+       "issue requests for this long after the warm-up (e.g. 20s, 2m); requests still in flight "
+       "then are waited for and counted"},
+      {"requests", "N", "issue N counted requests (default 100 when no --duration is given)"},
+      {"warmup", "DURATION", "requests started in this first period are not counted (default 0)"},
+      {"input-tokens", "N", "prompt length in tokens (default 128)"},
+      {"input-tokens-stddev", "SD", "draw prompt lengths from normal(N, SD) instead (default 0)"},
+      {"input-tokens-dist", "DIST", "prompt lengths: fixed[:N], uniform:A:B or normal:MEAN:SD"},
+      {"output-tokens", "N", "max_tokens of each request, sent with ignore_eos (default 128)"},
+      {"output-tokens-stddev", "SD", "draw max_tokens from normal(N, SD) instead (default 0)"},
+      {"output-tokens-dist", "DIST", "max_tokens: fixed[:N], uniform:A:B or normal:MEAN:SD"},
+      {"prompt-kind", "ids|text",
+       "synthetic prompts as random token ids (default) or as text of random words (one word per "
+       "input token; the server reports the real token count)"},
+      {"vocab-size", "N", "synthetic token ids are drawn from [0, N) (default 256)"},
+      {"prompts-file", "FILE.jsonl",
+       "prompts from a file instead, one JSON object per line: {\"prompt\": \"text\"} or "
+       "{\"prompt_ids\": [1, 2]}, optionally \"max_tokens\"; used in order, repeated as needed"},
+      {"ignore-eos", "BOOL", "generate max_tokens tokens whatever the model says (default true)"},
+      {"temperature", "T", "sampling temperature (default 0: greedy)"},
+      {"seed", "N", "seed of prompts, lengths and arrivals (default 0)"},
+      {"goodput", "LIMITS",
+       "count requests meeting every limit, e.g. ttft=0.5,itl=0.05,e2e=10 (seconds; itl is the "
+       "request's mean inter-token latency, tpot= is a synonym)"},
+      {"progress", "", "show the progress line even when stderr is not a terminal"},
+      {"json", "FILE", "write the summary and every request as JSON"},
+      {"csv", "FILE", "write one row per request as CSV"},
+      {"svg", "FILE", "write a chart: latency CDFs, throughput over time, latency vs throughput"},
+      {"title", "TEXT", "title of the SVG chart"},
+      {"help", "", "print this help"},
+  };
+  return flags;
+}
+
+}  // namespace
+
+absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& text, const std::string& flag) {
+  double seconds = 0;
+  absl::Duration duration;
+  if (absl::SimpleAtod(text, &seconds) && std::isfinite(seconds)) {
+    duration = absl::Seconds(seconds);
+  } else if (!absl::ParseDuration(text, &duration)) {
+    return Bad(flag, absl::StrCat("'", text, "' is not a duration (e.g. 20s, 500ms, 2m)"));
+  }
+  if (duration < absl::ZeroDuration() || duration == absl::InfiniteDuration()) {
+    return Bad(flag, "must be a finite, non-negative duration");
+  }
+  return duration;
+}
+
+std::string HelpText() {
+  std::string text =
+      "kiln-loadgen: load a kiln-server's Generate RPC and measure latency and throughput.\n\n"
+      "  kiln-loadgen --target HOST:PORT --model NAME [--concurrency N | --rate R | --rates "
+      "R1,R2]\n"
+      "               [--duration 20s | --requests N] [--warmup 2s] [--json F] [--csv F] "
+      "[--svg F]\n\n"
+      "Reports TTFT, inter-token latency (ITL), time per output token (TPOT) and end-to-end\n"
+      "latency (mean, p50, p90, p95, p99), request and token throughput, goodput, and errors by\n"
+      "gRPC status code. Exit status: 0 when every counted request succeeded, 1 when any failed\n"
+      "(or none completed), 2 for a usage error. Flags take --name=value or --name value;\n"
+      "dashes and underscores are alike. DURATION: 20s, 500ms, 2m, or plain seconds.\n\nFlags:\n";
+  for (const Flag& flag : Flags()) {
+    const std::string value = flag.value_name == "BOOL" ? "[=true|false]"
+                              : flag.value_name.empty() ? ""
+                                                        : " " + flag.value_name;
+    const std::string head = absl::StrCat("  --", flag.name, value);
+    // The help text wrapped at 100 columns, indented under its flag.
+    constexpr size_t kIndent = 30, kWidth = 100;
+    std::string line = head.size() < kIndent ? head + std::string(kIndent - head.size(), ' ')
+                                             : head + "\n" + std::string(kIndent, ' ');
+    size_t column = kIndent;
+    bool first = true;
+    for (absl::string_view word : absl::StrSplit(flag.help, ' ', absl::SkipEmpty())) {
+      if (!first && column + 1 + word.size() > kWidth) {
+        absl::StrAppend(&line, "\n", std::string(kIndent, ' '));
+        column = kIndent;
+        first = true;
+      }
+      absl::StrAppend(&line, first ? "" : " ", word);
+      column += (first ? 0 : 1) + word.size();
+      first = false;
+    }
+    absl::StrAppend(&text, line, "\n");
+  }
+  return text;
+}
+
+absl::StatusOr<LoadgenOptions> ParseOptions(int argc, const char* const* argv) {
+  std::map<std::string, const Flag*> known;
+  for (const Flag& flag : Flags()) known[flag.name] = &flag;
+  LoadgenOptions o;
+  LengthFlags input, output;
+  std::optional<std::string> prompt_kind;
+  bool have_duration = false;
+
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (!absl::StartsWith(arg, "-")) {
+      return absl::InvalidArgumentError(absl::StrCat("unexpected argument '", arg, "'"));
+    }
+    arg = std::string(absl::StripPrefix(absl::StripPrefix(arg, "-"), "-"));
+    std::string name = arg, value;
+    bool has_value = false;
+    if (size_t eq = arg.find('='); eq != std::string::npos) {
+      name = arg.substr(0, eq), value = arg.substr(eq + 1), has_value = true;
+    }
+    std::replace(name.begin(), name.end(), '_', '-');
+    auto it = known.find(name);
+    if (it == known.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("unknown flag --", name, " (see --help)"));
+    }
+    const Flag& flag = *it->second;
+    if (!flag.value_name.empty() && !has_value && flag.value_name != "BOOL") {
+      if (i + 1 >= argc) return Bad(name, absl::StrCat("needs a value (", flag.value_name, ")"));
+      value = argv[++i];
+    }
+    absl::Status status;
+    if (name == "target") {
+      o.target = value;
+      if (value.empty()) status = Bad(name, "is empty");
+    } else if (name == "model") {
+      o.model = value;
+      if (value.empty()) status = Bad(name, "is empty");
+    } else if (name == "tls") {
+      status = ParseBool(name, value, &o.tls);
+    } else if (name == "tls-ca") {
+      o.tls_ca = value;
+    } else if (name == "connections") {
+      status = ParseInt(name, value, 1, &o.connections);
+    } else if (name == "connect-timeout" || name == "request-timeout" || name == "duration" ||
+               name == "warmup") {
+      absl::StatusOr<absl::Duration> duration = ParseDurationFlag(value, name);
+      if (!duration.ok()) return duration.status();
+      if (name == "connect-timeout") o.connect_timeout = *duration;
+      if (name == "request-timeout") o.request_timeout = *duration;
+      if (name == "warmup") o.warmup = *duration;
+      if (name == "duration") o.duration = *duration, have_duration = true;
+      if ((name == "duration" || name == "request-timeout") && *duration <= absl::ZeroDuration()) {
+        status = Bad(name, "must be positive");
+      }
+    } else if (name == "threads") {
+      status = ParseInt(name, value, 1, &o.threads);
+    } else if (name == "concurrency") {
+      status = ParseInt(name, value, 1, &o.concurrency);
+    } else if (name == "rate" || name == "rates") {
+      o.rates.clear();
+      for (absl::string_view piece : absl::StrSplit(value, ',', absl::SkipWhitespace())) {
+        double rate = 0;
+        status = ParsePositive(name, std::string(absl::StripAsciiWhitespace(piece)), &rate);
+        if (!status.ok()) break;
+        o.rates.push_back(rate);
+      }
+      if (status.ok() && o.rates.empty()) status = Bad(name, "needs a rate");
+      if (status.ok() && name == "rate" && o.rates.size() != 1) {
+        status = Bad(name, "takes one rate (--rates takes a list)");
+      }
+    } else if (name == "max-concurrency") {
+      status = ParseInt(name, value, 0, &o.max_concurrency);
+    } else if (name == "requests") {
+      status = ParseInt<int64_t>(name, value, 1, &o.requests);
+    } else if (name == "input-tokens" || name == "output-tokens") {
+      int64_t tokens = 0;
+      status = ParseInt<int64_t>(name, value, 1, &tokens);
+      (name == "input-tokens" ? input : output).mean = tokens;
+    } else if (name == "input-tokens-stddev" || name == "output-tokens-stddev") {
+      double sd = 0;
+      if (!absl::SimpleAtod(value, &sd) || sd < 0 || !std::isfinite(sd)) {
+        status = Bad(name, absl::StrCat("'", value, "' is not a non-negative number"));
+      }
+      (name == "input-tokens-stddev" ? input : output).stddev = sd;
+    } else if (name == "input-tokens-dist" || name == "output-tokens-dist") {
+      (name == "input-tokens-dist" ? input : output).dist = value;
+    } else if (name == "prompt-kind") {
+      prompt_kind = value;
+      if (value == "ids") {
+        o.workload.prompt_kind = PromptKind::kIds;
+      } else if (value == "text") {
+        o.workload.prompt_kind = PromptKind::kText;
+      } else {
+        status = Bad(name, absl::StrCat("'", value, "' is not ids or text"));
+      }
+    } else if (name == "vocab-size") {
+      status = ParseInt(name, value, 1, &o.workload.vocab_size);
+    } else if (name == "prompts-file") {
+      o.workload.prompts_file = value;
+    } else if (name == "ignore-eos") {
+      status = ParseBool(name, value, &o.ignore_eos);
+    } else if (name == "temperature") {
+      if (!absl::SimpleAtof(value, &o.temperature) || o.temperature < 0) {
+        status = Bad(name, absl::StrCat("'", value, "' is not a non-negative number"));
+      }
+    } else if (name == "seed") {
+      status = ParseInt<uint64_t>(name, value, 0, &o.seed);
+    } else if (name == "goodput") {
+      absl::StatusOr<GoodputLimits> limits = ParseGoodput(value);
+      if (!limits.ok()) return limits.status();
+      o.goodput = *limits;
+    } else if (name == "progress") {
+      status = ParseBool(name, value, &o.progress);
+    } else if (name == "json") {
+      o.json_path = value;
+    } else if (name == "csv") {
+      o.csv_path = value;
+    } else if (name == "svg") {
+      o.svg_path = value;
+    } else if (name == "title") {
+      o.title = value;
+    } else if (name == "help") {
+      o.help = true;
+    }
+    if (!status.ok()) return status;
+  }
+  if (o.help) return o;
+
+  if (o.concurrency > 0 && !o.rates.empty()) {
+    return absl::InvalidArgumentError(
+        "give --concurrency (closed loop) or --rate/--rates, not both");
+  }
+  if (o.max_concurrency > 0 && o.rates.empty()) {
+    return Bad("max-concurrency", "applies to the open loop (--rate/--rates)");
+  }
+  if (o.concurrency == 0 && o.rates.empty()) o.concurrency = 1;
+  if (!have_duration && o.requests == 0) o.requests = 100;
+  if (prompt_kind && !o.workload.prompts_file.empty()) {
+    return Bad("prompt-kind", "applies to synthetic prompts, not to --prompts-file");
+  }
+  absl::StatusOr<LengthDistribution> in = BuildLength("input", input, 128);
+  if (!in.ok()) return in.status();
+  absl::StatusOr<LengthDistribution> out = BuildLength("output", output, 128);
+  if (!out.ok()) return out.status();
+  o.workload.input = *in;
+  o.workload.output = *out;
+  o.workload.seed = o.seed;
+  return o;
+}
+
+}  // namespace kiln::loadgen
