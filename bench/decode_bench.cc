@@ -17,6 +17,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "base/logging.h"
+#include "bench/bench_util.h"
 #include "clients/synth.h"
 #include "loaders/load_model.h"
 
@@ -30,16 +31,9 @@ ABSL_FLAG(int32_t, repeats, 3, "repetitions per measurement (the median is print
 namespace kiln {
 namespace {
 
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
+using bench::Clock;
+using bench::Median;
+using bench::Seconds;
 
 // Sums `n` 64-bit words with independent vector accumulators, so that memory, not the adder
 // chain, limits the loop.

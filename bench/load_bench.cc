@@ -20,6 +20,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "base/logging.h"
+#include "bench/bench_util.h"
 #include "clients/synth.h"
 #include "loaders/load_model.h"
 #include "loaders/tensorizer_reader.h"
@@ -33,16 +34,9 @@ namespace kiln {
 namespace {
 
 namespace fs = std::filesystem;
-using Clock = std::chrono::steady_clock;
-
-double Seconds(Clock::time_point start) {
-  return std::chrono::duration<double>(Clock::now() - start).count();
-}
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
+using bench::Clock;
+using bench::Median;
+using bench::Seconds;
 
 // Seconds to read `files` once with read(2); `bytes` receives their total size.
 double ReadOnce(const std::vector<fs::path>& files, uint64_t* bytes) {

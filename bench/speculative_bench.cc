@@ -18,6 +18,7 @@
 #include "absl/flags/parse.h"
 #include "absl/synchronization/notification.h"
 #include "base/logging.h"
+#include "bench/bench_util.h"
 #include "clients/synth.h"
 #include "engine/draft_sources_testing.h"
 #include "engine/engine.h"
@@ -35,10 +36,7 @@ ABSL_FLAG(int32_t, repeats, 3, "repetitions per measurement (the median is print
 namespace kiln {
 namespace {
 
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
+using bench::Median;
 
 struct Run {
   double decode_seconds = 0;  // first token → last token, slowest request

@@ -114,7 +114,7 @@ const std::vector<Command>& Commands() {
       {"synth",
        "--out DIR [--preset kiln-tiny] [--dtype bf16] [--seed 0]",
        "Write a deterministic random-weight checkpoint of a real model's shape (no server).",
-       {"out", "preset", "dtype", "seed", "max_shard_bytes"},
+       {"out", "preset", "dtype", "seed", "max_shard_bytes", "mtp_layers"},
        &Synth},
       {"run",
        "--model PATH [--prompt_ids 1,2,3] [--max_tokens 16] [--dtype bf16|f32]",

@@ -12,6 +12,9 @@ ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
           "synth: random seed (default 0); generate: sampling seed (default: the server picks)");
 ABSL_FLAG(uint64_t, max_shard_bytes, uint64_t{1} << 30, "shard the checkpoint above this size");
 ABSL_FLAG(bool, overwrite, false, "tensorize: replace an existing output file");
+ABSL_FLAG(int32_t, mtp_layers, 0,
+          "synth: also write this many DeepSeek-style MTP heads (random weights; for speculative "
+          "decoding tests)");
 
 ABSL_FLAG(std::string, tensorizer_config, "",
           "config.json for a raw or vLLM Tensorizer file (default: config.json beside it)");
@@ -56,7 +59,9 @@ ABSL_FLAG(bool, ignore_eos, false, "keep generating past the end-of-sequence tok
 ABSL_FLAG(int32_t, logprobs, 0, "print the top-N log-probabilities of each token (stderr)");
 ABSL_FLAG(bool, add_special_tokens, false,
           "text prompts: add BOS and the tokenizer's special tokens");
-ABSL_FLAG(int32_t, draft_tokens, 0, "speculative decoding: draft tokens per step; 0 = off");
+ABSL_FLAG(std::optional<int32_t>, draft_tokens, std::nullopt,
+          "speculative decoding with the model's MTP heads: draft tokens per step (0 = off; "
+          "unset: the server's default)");
 ABSL_FLAG(bool, ids, false, "also print the generated token ids");
 
 ABSL_FLAG(std::string, text, "", "text to tokenize");

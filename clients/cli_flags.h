@@ -15,6 +15,7 @@ ABSL_DECLARE_FLAG(std::string, dtype);
 ABSL_DECLARE_FLAG(std::optional<uint64_t>, seed);
 ABSL_DECLARE_FLAG(uint64_t, max_shard_bytes);
 ABSL_DECLARE_FLAG(bool, overwrite);
+ABSL_DECLARE_FLAG(int32_t, mtp_layers);
 
 // Tensorizer files (run, tensorize, models load).
 ABSL_DECLARE_FLAG(std::string, tensorizer_config);
@@ -47,7 +48,7 @@ ABSL_DECLARE_FLAG(std::string, stop_token_ids);
 ABSL_DECLARE_FLAG(bool, ignore_eos);
 ABSL_DECLARE_FLAG(int32_t, logprobs);
 ABSL_DECLARE_FLAG(bool, add_special_tokens);
-ABSL_DECLARE_FLAG(int32_t, draft_tokens);
+ABSL_DECLARE_FLAG(std::optional<int32_t>, draft_tokens);
 ABSL_DECLARE_FLAG(bool, ids);
 
 // Tokenize, health, models.

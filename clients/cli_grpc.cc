@@ -82,8 +82,8 @@ absl::StatusOr<kiln::v1::GenerateRequest> BuildGenerateRequest() {
 
   request.set_logprobs(absl::GetFlag(FLAGS_logprobs));
   request.set_add_special_tokens(absl::GetFlag(FLAGS_add_special_tokens));
-  if (absl::GetFlag(FLAGS_draft_tokens) > 0) {
-    request.mutable_speculative()->set_num_draft_tokens(absl::GetFlag(FLAGS_draft_tokens));
+  if (absl::GetFlag(FLAGS_draft_tokens).has_value()) {
+    request.mutable_speculative()->set_num_draft_tokens(*absl::GetFlag(FLAGS_draft_tokens));
   }
   return request;
 }

@@ -71,6 +71,8 @@ int Synth(const Args& args) {
   if (out.empty()) return UsageError("synth", "synth needs --out DIR");
   absl::StatusOr<ModelConfig> config = SynthPresetConfig(absl::GetFlag(FLAGS_preset));
   if (!config.ok()) return Fail(config.status());
+  if (absl::GetFlag(FLAGS_mtp_layers) < 0) return UsageError("synth", "--mtp_layers must be >= 0");
+  config->num_mtp_layers = absl::GetFlag(FLAGS_mtp_layers);
   SynthOptions options;
   if (!absl::GetFlag(FLAGS_dtype).empty()) {
     absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));

@@ -111,7 +111,25 @@ absl::Status WriteSynthCheckpoint(const std::filesystem::path& dir, const ModelC
   if (error) {
     return absl::InternalError(absl::StrCat("cannot create ", dir.string(), ": ", error.message()));
   }
-  const std::vector<ParamSpec> manifest = BuildParamManifest(config);
+  std::vector<ParamSpec> manifest = BuildParamManifest(config);
+  // MTP heads (config.num_mtp_layers), DeepSeek style: model.layers.{L+k}.{enorm, hnorm,
+  // eh_proj, shared_head.norm} and a decoder block under the same prefix.
+  if (config.num_mtp_layers > 0) {
+    ModelConfig extended = config;
+    extended.num_hidden_layers += config.num_mtp_layers;
+    for (ParamSpec& spec : BuildParamManifest(extended)) {
+      if (spec.layer >= config.num_hidden_layers) manifest.push_back(std::move(spec));
+    }
+    for (int64_t k = 0; k < config.num_mtp_layers; ++k) {
+      const std::string prefix = absl::StrCat("model.layers.", config.num_hidden_layers + k, ".");
+      const int64_t h = config.hidden_size;
+      const int64_t layer = config.num_hidden_layers + k;
+      manifest.push_back({prefix + "enorm.weight", {h}, ParamRole::kInputNorm, layer});
+      manifest.push_back({prefix + "hnorm.weight", {h}, ParamRole::kInputNorm, layer});
+      manifest.push_back({prefix + "eh_proj.weight", {h, 2 * h}, ParamRole::kQ, layer});
+      manifest.push_back({prefix + "shared_head.norm.weight", {h}, ParamRole::kFinalNorm, layer});
+    }
+  }
   std::vector<std::vector<std::byte>> storage;
   std::vector<TensorToWrite> tensors;
   std::vector<float> values;

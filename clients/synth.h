@@ -31,6 +31,7 @@ inline constexpr int64_t kMaxSynthTokenizerVocab = 65536;
 // Writes config.json and safetensors weights into `dir` (created if needed). Linear weights and
 // embeddings ~ N(0, 0.02²), biases ~ N(0, 0.02²), norm weights ~ 1 + N(0, 0.02²): small enough
 // that activations stay finite at any depth. The same options give the same bytes on any machine.
+// config.num_mtp_layers > 0 adds that many DeepSeek-style MTP heads (model.layers.{L+k}.*).
 absl::Status WriteSynthCheckpoint(const std::filesystem::path& dir, const ModelConfig& config,
                                   const SynthOptions& options);
 

@@ -102,13 +102,25 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
   out.stopping.ignore_eos = stopping.ignore_eos();
   out.logprobs = request.logprobs();
 
-  const int32_t drafts = request.speculative().num_draft_tokens();
-  if (drafts < 0) {
-    return absl::InvalidArgumentError("speculative.num_draft_tokens must not be negative");
-  }
-  if (drafts > 0) {
-    return absl::InvalidArgumentError(
-        "speculative.num_draft_tokens: speculative decoding is not available for this model");
+  // Unset `speculative`: the server's default (for models with MTP heads); 0: off.
+  if (request.has_speculative()) {
+    const int32_t drafts = request.speculative().num_draft_tokens();
+    if (drafts < 0 || drafts > kMaxDraftTokens) {
+      return absl::InvalidArgumentError(absl::StrCat("speculative.num_draft_tokens must be in [0, ",
+                                                     kMaxDraftTokens, "], got ", drafts));
+    }
+    const PreparedModel& prepared = *model.model;
+    if (drafts > 0 && prepared.num_mtp_heads() == 0) {
+      const int64_t advertised = prepared.config().num_mtp_layers;
+      return absl::InvalidArgumentError(absl::StrCat(
+          "speculative.num_draft_tokens: model '", request.model(),
+          "' has no MTP heads to draft with",
+          advertised > 0 ? absl::StrCat(" (its config advertises ", advertised,
+                                        " MTP layers but the checkpoint lacks them; see the "
+                                        "load report's warnings)")
+                         : ""));
+    }
+    out.num_draft_tokens = drafts;
   }
   return out;
 }
@@ -130,6 +142,8 @@ void ToGenerateResponse(const GenerationUpdate& update, const Tokenizer* tokeniz
   response->mutable_usage()->set_completion_tokens(update.completion_tokens);
   response->mutable_timings()->set_time_to_first_token_seconds(update.time_to_first_token_seconds);
   response->mutable_timings()->set_total_seconds(update.total_seconds);
+  response->mutable_speculative_stats()->set_drafted(update.speculative.drafted);
+  response->mutable_speculative_stats()->set_accepted(update.speculative.accepted);
 }
 
 }  // namespace kiln

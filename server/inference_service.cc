@@ -114,6 +114,7 @@ absl::Status InferenceService::DoGenerate(grpc::ServerContext* context,
         return absl::CancelledError("Generate: the client went away");
       }
       if (last) {
+        recorder.OnSpeculative(update.speculative.drafted, update.speculative.accepted);
         recorder.OnFinish(update.finish);
         return absl::OkStatus();
       }

@@ -38,6 +38,9 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain (with --tls-key: ser
 ABSL_FLAG(std::string, tls_key, "", "PEM private key (with --tls-cert: serve TLS)");
 ABSL_FLAG(int32_t, max_queued, 64, "per model: waiting requests beyond which Generate is refused");
 ABSL_FLAG(int32_t, max_running, 16, "per model: sequences decoded together in one step");
+ABSL_FLAG(int32_t, num_draft_tokens, 0,
+          "speculative decoding: draft tokens per step for requests that do not set "
+          "speculative.num_draft_tokens, on models with MTP heads (0 = off; at most 16)");
 ABSL_FLAG(int64_t, max_context, 4096, "tokens of one sequence (prompt + output)");
 ABSL_FLAG(int32_t, default_max_tokens, 256, "tokens generated when a request sets no max_tokens");
 ABSL_FLAG(std::string, metrics_listen, "",
@@ -109,6 +112,9 @@ absl::StatusOr<ServerOptions> BuildOptions(int argc, char** argv) {
     options.engine.max_queued = absl::GetFlag(FLAGS_max_queued);
   if (OnCommandLine(argc, argv, "max_running"))
     options.engine.max_running = absl::GetFlag(FLAGS_max_running);
+  if (OnCommandLine(argc, argv, "num_draft_tokens")) {
+    options.engine.default_num_draft_tokens = absl::GetFlag(FLAGS_num_draft_tokens);
+  }
   if (OnCommandLine(argc, argv, "max_context"))
     options.engine.max_context = absl::GetFlag(FLAGS_max_context);
   if (OnCommandLine(argc, argv, "default_max_tokens")) {

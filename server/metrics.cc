@@ -112,8 +112,9 @@ std::string FamilyBase::LabelPrefix(const std::vector<std::string>& values) cons
   return prefix;
 }
 
-template <>
-void Family<Counter>::RenderSamples(std::string* out) const {
+// Counters and gauges: one sample per label set.
+template <typename T>
+void Family<T>::RenderSamples(std::string* out) const {
   absl::MutexLock lock(&mutex_);
   for (const auto& [values, child] : children_) {
     const std::string prefix = LabelPrefix(values);
@@ -122,15 +123,8 @@ void Family<Counter>::RenderSamples(std::string* out) const {
   }
 }
 
-template <>
-void Family<Gauge>::RenderSamples(std::string* out) const {
-  absl::MutexLock lock(&mutex_);
-  for (const auto& [values, child] : children_) {
-    const std::string prefix = LabelPrefix(values);
-    absl::StrAppend(out, name(), prefix, prefix.empty() ? "" : "}", " ",
-                    FormatValue(child->value()), "\n");
-  }
-}
+template class Family<Counter>;
+template class Family<Gauge>;
 
 template <>
 void Family<Histogram>::RenderSamples(std::string* out) const {

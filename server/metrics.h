@@ -142,11 +142,10 @@ class Family final : public FamilyBase {
 };
 
 template <>
-void Family<Counter>::RenderSamples(std::string* out) const;
-template <>
-void Family<Gauge>::RenderSamples(std::string* out) const;
-template <>
 void Family<Histogram>::RenderSamples(std::string* out) const;
+// Defined in metrics.cc (counters and gauges share one RenderSamples).
+extern template class Family<Counter>;
+extern template class Family<Gauge>;
 
 // Families in registration order, plus collectors run before each Render.
 class Registry {

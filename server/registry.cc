@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "engine/mtp_draft_source.h"
 #include "loaders/load_model.h"
 
 namespace kiln {
@@ -303,6 +304,11 @@ absl::StatusOr<ModelRegistry::Built> ModelRegistry::Build(const ModelSpec& spec,
   }
 
   EngineOptions engine_options = options_.engine;
+  if (built.model->num_mtp_heads() > 0) {
+    KILN_ASSIGN_OR_RETURN(engine_options.draft_source, MtpDraftSource::Create(built.model));
+  } else {
+    engine_options.default_num_draft_tokens = 0;  // the server default applies to MTP models
+  }
   if (config.max_position_embeddings > 0) {
     engine_options.max_context =
         std::min<int64_t>(engine_options.max_context, config.max_position_embeddings);

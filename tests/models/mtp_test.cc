@@ -5,9 +5,13 @@
 // as for the main forward (kiln and the reference differ only in summation order).
 #include <torch/types.h>
 
+#include <algorithm>
 #include <set>
 
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "engine/engine.h"
+#include "engine/mtp_draft_source.h"
 #include "gtest/gtest.h"
 #include "loaders/load_model.h"
 #include "loaders/safetensors_writer.h"
@@ -321,6 +325,128 @@ TEST_P(MtpLayoutTest, RestoresEveryTensorAndMatchesReference) {
         ReferenceMtpStep(c.config, weights, c.heads[head], next2, hidden2);
     ExpectClose(AsTensor(logits2, 1, vocab), ref2.logits.slice(0, n, n + 1), "draft step 2 logits");
   }
+}
+
+// Generates greedily through an engine; returns every request's tokens and adds up its
+// speculative stats.
+std::vector<std::vector<int32_t>> GenerateGreedy(std::shared_ptr<const PreparedModel> model,
+                                                 std::shared_ptr<DraftSource> drafts,
+                                                 int32_t num_draft_tokens,
+                                                 SpeculativeStats* stats) {
+  EngineOptions options;
+  options.draft_source = std::move(drafts);
+  options.max_context = 64;
+  absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model, nullptr, options);
+  EXPECT_TRUE(engine.ok()) << engine.status();
+  if (!engine.ok()) return {};
+  const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {7}, {5, 9, 11, 13, 17, 19}};
+  std::vector<std::vector<int32_t>> outputs(prompts.size());
+  absl::Mutex mutex;
+  int finished = 0;
+  for (size_t i = 0; i < prompts.size(); ++i) {
+    GenerationRequest request;
+    request.prompt = prompts[i];
+    request.stopping.max_tokens = 12;
+    request.stopping.ignore_eos = true;
+    request.num_draft_tokens = num_draft_tokens;
+    absl::StatusOr<uint64_t> id = (*engine)->Submit(request, [&, i](GenerationUpdate update) {
+      absl::MutexLock lock(&mutex);
+      EXPECT_TRUE(update.status.ok()) << update.status;
+      outputs[i].insert(outputs[i].end(), update.token_ids.begin(), update.token_ids.end());
+      if (update.finish != FinishReason::kNone || !update.status.ok()) {
+        stats->drafted += update.speculative.drafted;
+        stats->accepted += update.speculative.accepted;
+        ++finished;
+      }
+    });
+    EXPECT_TRUE(id.ok()) << id.status();
+  }
+  const int total = static_cast<int>(prompts.size());
+  auto all_done = [&]() { return finished == total; };
+  absl::MutexLock lock(&mutex);
+  EXPECT_TRUE(mutex.AwaitWithTimeout(absl::Condition(&all_done, &decltype(all_done)::operator()),
+                                     absl::Seconds(60)));
+  return outputs;
+}
+
+// The engine drafting with the restored heads (engine/mtp_draft_source.h) gives exactly the
+// plain greedy output, whatever the (random-weight) heads propose.
+TEST_P(MtpLayoutTest, GreedySpeculativeEqualsPlainGreedy) {
+  const MtpCase& c = GetParam();
+  ScratchDir dir;
+  std::set<std::string> mtp_names;
+  WriteCase(c, dir.path(), &mtp_names);
+  absl::StatusOr<std::unique_ptr<PreparedModel>> loaded = LoadModel(dir.path(), CpuBackend());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  std::shared_ptr<const PreparedModel> model(std::move(*loaded));
+  absl::StatusOr<std::shared_ptr<MtpDraftSource>> drafts = MtpDraftSource::Create(model);
+  ASSERT_TRUE(drafts.ok()) << drafts.status();
+  SpeculativeStats plain_stats;
+  const std::vector<std::vector<int32_t>> plain = GenerateGreedy(model, nullptr, 0, &plain_stats);
+  for (int32_t k : {1, 3}) {
+    SCOPED_TRACE(::testing::Message() << "k = " << k);
+    SpeculativeStats stats;
+    EXPECT_EQ(GenerateGreedy(model, *drafts, k, &stats), plain);
+    EXPECT_GT(stats.drafted, 0);
+    EXPECT_LE(stats.accepted, stats.drafted);
+  }
+  EXPECT_EQ(plain_stats.drafted, 0);
+}
+
+// The draft source feeds head 0 (context[p + 1], h_p) for exactly the positions p the target
+// computed, then chains its own drafts: its proposals equal head steps run from scratch.
+TEST_P(MtpLayoutTest, DraftSourceProposesTheHeadsGreedyChain) {
+  const MtpCase& c = GetParam();
+  ScratchDir dir;
+  std::set<std::string> mtp_names;
+  WriteCase(c, dir.path(), &mtp_names);
+  absl::StatusOr<std::unique_ptr<PreparedModel>> loaded = LoadModel(dir.path(), CpuBackend());
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  std::shared_ptr<const PreparedModel> model(std::move(*loaded));
+  const int64_t hidden_size = c.config.hidden_size;
+  const int64_t vocab = c.config.vocab_size;
+
+  // The target prefills the prompt and picks the next token; its hidden rows cover positions
+  // 0..4, the context is prompt + that token.
+  std::vector<int32_t> context = {3, 1, 4, 1, 5};
+  absl::StatusOr<KvCache> cache = model->NewCache(32);
+  ASSERT_TRUE(cache.ok());
+  SequenceChunk chunk{&*cache, context, false};
+  std::vector<float> logits, hidden;
+  ASSERT_TRUE(model->Forward({&chunk, 1}, &logits, &hidden).ok());
+  context.push_back(
+      static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+
+  absl::StatusOr<std::shared_ptr<MtpDraftSource>> source = MtpDraftSource::Create(model);
+  ASSERT_TRUE(source.ok());
+  absl::StatusOr<std::unique_ptr<DraftSession>> session = (*source)->StartSession(context, 32);
+  ASSERT_TRUE(session.ok()) << session.status();
+  absl::StatusOr<Draft> draft =
+      (*session)->Propose(3, context, HiddenStates{0, hidden_size, hidden});
+  ASSERT_TRUE(draft.ok()) << draft.status();
+  ASSERT_EQ(draft->tokens.size(), 3u);
+
+  // From scratch: head 0 over positions 0..4, then the chain (head s % heads at step s).
+  std::vector<KvCache> caches;
+  for (int h = 0; h < model->num_mtp_heads(); ++h) caches.push_back(*model->NewMtpCache(32));
+  std::vector<float> head_logits, head_hidden;
+  MtpChunk first{&caches[0], std::span<const int32_t>(context).subspan(1), hidden, false};
+  ASSERT_TRUE(model->MtpForward(0, {&first, 1}, &head_logits, &head_hidden).ok());
+  std::vector<int32_t> expected;
+  for (int step = 0; step < 3; ++step) {
+    const std::vector<float> last(head_logits.end() - vocab, head_logits.end());
+    expected.push_back(
+        static_cast<int32_t>(std::max_element(last.begin(), last.end()) - last.begin()));
+    if (step == 2) break;
+    const int head = (step + 1) % model->num_mtp_heads();
+    const std::vector<float> state(head_hidden.end() - hidden_size, head_hidden.end());
+    head_logits.clear();
+    head_hidden.clear();
+    MtpChunk next{&caches[static_cast<size_t>(head)], {&expected.back(), 1}, state, false};
+    ASSERT_TRUE(model->MtpForward(head, {&next, 1}, &head_logits, &head_hidden).ok());
+  }
+  EXPECT_EQ(draft->tokens, expected);
+  EXPECT_TRUE(draft->probs.empty());  // greedy drafts
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, MtpLayoutTest, ::testing::ValuesIn(Cases()),

@@ -48,13 +48,6 @@ std::vector<std::string> Names(v1::Models::Stub& stub) {
   return names;
 }
 
-#define EXPECT_CODE(status, code_value, needle)                                     \
-  do {                                                                              \
-    const grpc::Status& s_ = (status);                                              \
-    EXPECT_EQ(s_.error_code(), grpc::StatusCode::code_value) << s_.error_message(); \
-    EXPECT_CONTAINS(s_.error_message(), needle);                                    \
-  } while (0)
-
 TEST(ModelsServiceTest, LoadGetListUnload) {
   auto server = TestServer::Start(TestServerOptions());
   ASSERT_NE(server, nullptr);

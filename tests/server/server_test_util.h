@@ -17,6 +17,14 @@
 #include "server/server.h"
 #include "tests/loaders/test_util.h"
 
+// The gRPC status has `code_value` (a grpc::StatusCode name) and its message contains `needle`.
+#define EXPECT_CODE(status, code_value, needle)                                     \
+  do {                                                                              \
+    const grpc::Status& s_ = (status);                                              \
+    EXPECT_EQ(s_.error_code(), grpc::StatusCode::code_value) << s_.error_message(); \
+    EXPECT_CONTAINS(s_.error_message(), needle);                                    \
+  } while (0)
+
 namespace kiln::server_test {
 
 // Model directories written once per test process, under one model root:

@@ -15,13 +15,6 @@ using testing_util::ScratchDir;
 
 const fs::path kData = fs::path(KILN_TEST_DATA_DIR);
 
-#define EXPECT_CODE(status, code_value, needle)                                     \
-  do {                                                                              \
-    const grpc::Status& s_ = (status);                                              \
-    EXPECT_EQ(s_.error_code(), grpc::StatusCode::code_value) << s_.error_message(); \
-    EXPECT_CONTAINS(s_.error_message(), needle);                                    \
-  } while (0)
-
 // <root>/tz: the encrypted fp16 fixture, the plain fp32 one and the model's config.json.
 const fs::path& TensorizerDir() {
   static const fs::path* dir = [] {
