@@ -6,35 +6,13 @@
 #include "clients/synth.h"
 #include "gtest/gtest.h"
 #include "loaders/load_model.h"
+#include "tests/engine/stream_collector.h"
 #include "tests/loaders/test_util.h"
 
 namespace kiln {
 namespace {
 
 // Collects the stream of one request.
-struct Collector {
-  absl::Mutex mutex;
-  std::vector<int32_t> tokens;
-  std::vector<GenerationUpdate> updates;
-  absl::Notification done;
-  std::optional<GenerationUpdate> last;
-
-  UpdateCallback Callback() {
-    return [this](GenerationUpdate update) {
-      const bool final = update.finish != FinishReason::kNone || !update.status.ok();
-      {
-        absl::MutexLock lock(&mutex);
-        tokens.insert(tokens.end(), update.token_ids.begin(), update.token_ids.end());
-        if (final) last = update;
-        updates.push_back(std::move(update));
-      }
-      // After the lock is released: the waiter may destroy this object once notified.
-      if (final) done.Notify();
-    };
-  }
-  void Wait() { ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(120))); }
-};
-
 class EngineTest : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
@@ -96,7 +74,7 @@ std::shared_ptr<const PreparedModel> EngineTest::model_;
 
 TEST_F(EngineTest, GreedyMatchesAPlainForwardLoop) {
   auto engine = MakeEngine();
-  Collector collector;
+  StreamCollector collector;
   ASSERT_TRUE(engine->Submit(Request({1, 2, 3, 4, 5}, 12), collector.Callback()).ok());
   collector.Wait();
   EXPECT_EQ(collector.tokens, ManualGreedy({1, 2, 3, 4, 5}, 12));
@@ -114,12 +92,12 @@ TEST_F(EngineTest, ConcurrentRequestsMatchSerialRuns) {
   auto engine = MakeEngine(options);
   constexpr int kRequests = 12;
   std::vector<std::vector<int32_t>> prompts;
-  std::vector<std::unique_ptr<Collector>> collectors;
+  std::vector<std::unique_ptr<StreamCollector>> collectors;
   for (int r = 0; r < kRequests; ++r) {
     std::vector<int32_t> prompt;
     for (int i = 0; i < 3 + 4 * r; ++i) prompt.push_back((r * 31 + i * 7) % 512);
     prompts.push_back(prompt);
-    collectors.push_back(std::make_unique<Collector>());
+    collectors.push_back(std::make_unique<StreamCollector>());
     ASSERT_TRUE(engine->Submit(Request(prompt, 6 + r % 4), collectors.back()->Callback()).ok());
   }
   for (int r = 0; r < kRequests; ++r) {
@@ -134,7 +112,7 @@ TEST_F(EngineTest, StopTokenIdsEndTheStream) {
   auto engine = MakeEngine();
   GenerationRequest request = Request({7, 8, 9}, 10);
   request.stopping.stop_token_ids = {expected[3]};
-  Collector collector;
+  StreamCollector collector;
   ASSERT_TRUE(engine->Submit(std::move(request), collector.Callback()).ok());
   collector.Wait();
   const auto first = std::find(expected.begin(), expected.end(), expected[3]);
@@ -144,7 +122,7 @@ TEST_F(EngineTest, StopTokenIdsEndTheStream) {
 
 TEST_F(EngineTest, CancelEndsTheStreamAndFreesTheCache) {
   auto engine = MakeEngine();
-  Collector collector;
+  StreamCollector collector;
   absl::StatusOr<uint64_t> id = engine->Submit(Request({1, 2, 3}, 200), collector.Callback());
   ASSERT_TRUE(id.ok());
   engine->Cancel(*id);
@@ -154,7 +132,7 @@ TEST_F(EngineTest, CancelEndsTheStreamAndFreesTheCache) {
   // Unknown and finished ids are ignored.
   engine->Cancel(*id);
   engine->Cancel(987654);
-  Collector next;
+  StreamCollector next;
   ASSERT_TRUE(engine->Submit(Request({1, 2, 3}, 3), next.Callback()).ok());
   next.Wait();
   EXPECT_EQ(next.tokens.size(), 3u);
@@ -167,10 +145,10 @@ TEST_F(EngineTest, FullQueueIsRefused) {
   options.max_running = 1;
   options.max_queued = 2;
   auto engine = MakeEngine(options);
-  std::vector<std::unique_ptr<Collector>> collectors;
+  std::vector<std::unique_ptr<StreamCollector>> collectors;
   int refused = 0;
   for (int i = 0; i < 8; ++i) {
-    collectors.push_back(std::make_unique<Collector>());
+    collectors.push_back(std::make_unique<StreamCollector>());
     absl::StatusOr<uint64_t> id =
         engine->Submit(Request({1, 2}, 100), collectors.back()->Callback());
     if (!id.ok()) {
@@ -213,7 +191,7 @@ TEST_F(EngineTest, SeededSamplingIsReproducibleAndDrainFinishesWork) {
     GenerationRequest request = Request({4, 5, 6}, 16);
     request.sampling.temperature = 1.0f;
     request.sampling.seed = seed;
-    Collector collector;
+    StreamCollector collector;
     EXPECT_TRUE(engine->Submit(std::move(request), collector.Callback()).ok());
     engine->Shutdown(/*drain=*/true);  // returns after the request finished
     EXPECT_TRUE(collector.done.HasBeenNotified());

@@ -4,31 +4,11 @@
 #include "engine/engine.h"
 #include "gtest/gtest.h"
 #include "loaders/load_model.h"
+#include "tests/engine/stream_collector.h"
 #include "tests/loaders/test_util.h"
 
 namespace kiln {
 namespace {
-
-struct Stream {
-  absl::Mutex mutex;
-  std::vector<int32_t> tokens;
-  std::string text;
-  FinishReason finish = FinishReason::kNone;
-  absl::Notification done;
-  UpdateCallback Callback() {
-    return [this](GenerationUpdate update) {
-      const bool final = update.finish != FinishReason::kNone || !update.status.ok();
-      {
-        absl::MutexLock lock(&mutex);
-        tokens.insert(tokens.end(), update.token_ids.begin(), update.token_ids.end());
-        text += update.text;
-        if (final) finish = update.finish;
-      }
-      // After the lock is released: the waiter may destroy this object once notified.
-      if (final) done.Notify();
-    };
-  }
-};
 
 class EngineTextTest : public ::testing::Test {
  protected:
@@ -57,8 +37,8 @@ class EngineTextTest : public ::testing::Test {
     engine_ = std::move(*engine);
   }
 
-  std::unique_ptr<Stream> Run(const std::string& prompt, int max_tokens,
-                              std::vector<std::string> stop = {}) {
+  std::unique_ptr<StreamCollector> Run(const std::string& prompt, int max_tokens,
+                                       std::vector<std::string> stop = {}) {
     absl::StatusOr<std::vector<int32_t>> ids = tokenizer_->Encode(prompt);
     EXPECT_TRUE(ids.ok());
     GenerationRequest request;
@@ -66,7 +46,7 @@ class EngineTextTest : public ::testing::Test {
     request.stopping.max_tokens = max_tokens;
     request.stopping.stop = std::move(stop);
     request.stopping.ignore_eos = true;
-    auto stream = std::make_unique<Stream>();
+    auto stream = std::make_unique<StreamCollector>();
     EXPECT_TRUE(engine_->Submit(std::move(request), stream->Callback()).ok());
     EXPECT_TRUE(stream->done.WaitForNotificationWithTimeout(absl::Seconds(60)));
     return stream;
@@ -80,7 +60,7 @@ class EngineTextTest : public ::testing::Test {
 
 TEST_F(EngineTextTest, StreamedTextEqualsDecodingAllTokens) {
   auto stream = Run("Hello world, the kiln is hot.", 40);
-  EXPECT_EQ(stream->finish, FinishReason::kLength);
+  EXPECT_EQ(stream->last->finish, FinishReason::kLength);
   absl::StatusOr<std::string> whole = tokenizer_->Decode(stream->tokens, true);
   ASSERT_TRUE(whole.ok());
   EXPECT_EQ(stream->text, *whole);
@@ -93,7 +73,7 @@ TEST_F(EngineTextTest, StopStringCutsTheTextAndEndsTheStream) {
   const std::string stop = free_run->text.substr(free_run->text.size() / 2, 3);
   const size_t first = free_run->text.find(stop);
   auto stopped = Run("The quick brown fox", 40, {stop, "never-produced-stop"});
-  EXPECT_EQ(stopped->finish, FinishReason::kStop);
+  EXPECT_EQ(stopped->last->finish, FinishReason::kStop);
   EXPECT_EQ(stopped->text, free_run->text.substr(0, first));
   EXPECT_LE(stopped->tokens.size(), free_run->tokens.size());
 }

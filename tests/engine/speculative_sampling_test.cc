@@ -15,6 +15,7 @@
 #include "engine/speculative.h"
 #include "gtest/gtest.h"
 #include "loaders/load_model.h"
+#include "tests/engine/stream_collector.h"
 #include "tests/loaders/test_util.h"
 
 namespace kiln {
@@ -265,24 +266,6 @@ TEST(SpeculativeSamplingTest, TheFitDetectsAWrongResidual) {
 
 // --- The engine, end to end, on a model with a 16-token vocabulary --------------------------
 
-struct Stream {
-  absl::Mutex mutex;
-  std::vector<int32_t> tokens;
-  SpeculativeStats speculative;
-  absl::Notification done;
-  UpdateCallback Callback() {
-    return [this](GenerationUpdate update) {
-      const bool final = update.finish != FinishReason::kNone || !update.status.ok();
-      {
-        absl::MutexLock lock(&mutex);
-        tokens.insert(tokens.end(), update.token_ids.begin(), update.token_ids.end());
-        if (final) speculative = update.speculative;
-      }
-      if (final) done.Notify();
-    };
-  }
-};
-
 class SpeculativeEngineSamplingTest : public ::testing::Test {
  protected:
   static constexpr int64_t kModelVocab = 16;
@@ -357,7 +340,7 @@ class SpeculativeEngineSamplingTest : public ::testing::Test {
     options.draft_source = std::move(source);
     absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model_, nullptr, options);
     EXPECT_TRUE(engine.ok());
-    std::vector<std::unique_ptr<Stream>> streams;
+    std::vector<std::unique_ptr<StreamCollector>> streams;
     for (int64_t s = 0; s < samples; ++s) {
       GenerationRequest request;
       request.prompt = prompt;
@@ -366,7 +349,7 @@ class SpeculativeEngineSamplingTest : public ::testing::Test {
       request.stopping.max_tokens = n + 1;  // so that the n-th token may come from a draft
       request.stopping.ignore_eos = true;
       request.num_draft_tokens = drafts;
-      streams.push_back(std::make_unique<Stream>());
+      streams.push_back(std::make_unique<StreamCollector>());
       EXPECT_TRUE((*engine)->Submit(std::move(request), streams.back()->Callback()).ok());
     }
     std::map<std::vector<int32_t>, int64_t> counts;
@@ -375,8 +358,8 @@ class SpeculativeEngineSamplingTest : public ::testing::Test {
       EXPECT_EQ(stream->tokens.size(), static_cast<size_t>(n + 1));
       stream->tokens.resize(static_cast<size_t>(n));
       ++counts[stream->tokens];
-      speculative->drafted += stream->speculative.drafted;
-      speculative->accepted += stream->speculative.accepted;
+      speculative->drafted += stream->last->speculative.drafted;
+      speculative->accepted += stream->last->speculative.accepted;
     }
     return counts;
   }

@@ -9,34 +9,11 @@
 #include "engine/engine.h"
 #include "gtest/gtest.h"
 #include "loaders/load_model.h"
+#include "tests/engine/stream_collector.h"
 #include "tests/loaders/test_util.h"
 
 namespace kiln {
 namespace {
-
-struct Result {
-  absl::Mutex mutex;
-  std::vector<int32_t> tokens;
-  std::string text;
-  std::vector<SampledToken> logprobs;
-  std::optional<GenerationUpdate> last;
-  absl::Notification done;
-
-  UpdateCallback Callback() {
-    return [this](GenerationUpdate update) {
-      const bool final = update.finish != FinishReason::kNone || !update.status.ok();
-      {
-        absl::MutexLock lock(&mutex);
-        tokens.insert(tokens.end(), update.token_ids.begin(), update.token_ids.end());
-        text += update.text;
-        logprobs.insert(logprobs.end(), update.logprobs.begin(), update.logprobs.end());
-        if (final) last = update;
-      }
-      if (final) done.Notify();
-    };
-  }
-  void Wait() { ASSERT_TRUE(done.WaitForNotificationWithTimeout(absl::Seconds(120))); }
-};
 
 class SpeculativeTest : public ::testing::Test {
  protected:
@@ -86,11 +63,11 @@ class SpeculativeTest : public ::testing::Test {
   }
 
   // Runs the requests concurrently on `engine` and returns their results in order.
-  static std::vector<std::unique_ptr<Result>> RunAll(
+  static std::vector<std::unique_ptr<StreamCollector>> RunAll(
       Engine& engine, const std::vector<GenerationRequest>& requests) {
-    std::vector<std::unique_ptr<Result>> results;
+    std::vector<std::unique_ptr<StreamCollector>> results;
     for (const GenerationRequest& request : requests) {
-      results.push_back(std::make_unique<Result>());
+      results.push_back(std::make_unique<StreamCollector>());
       absl::StatusOr<uint64_t> id = engine.Submit(request, results.back()->Callback());
       EXPECT_TRUE(id.ok()) << id.status();
     }
@@ -105,7 +82,7 @@ class SpeculativeTest : public ::testing::Test {
   }
 
   // Plain greedy outputs, and scripts built from them for the scripted draft source.
-  static std::vector<std::unique_ptr<Result>> Plain(
+  static std::vector<std::unique_ptr<StreamCollector>> Plain(
       const std::vector<GenerationRequest>& requests,
       std::vector<ScriptedDraftSource::Script>* scripts) {
     auto engine = MakeEngine(nullptr);
@@ -446,7 +423,7 @@ TEST_F(SpeculativeTest, TheEngineDefaultAppliesOnlyWhenTheRequestIsSilent) {
 
 TEST_F(SpeculativeTest, CancelWhileSpeculatingFreesEverything) {
   auto engine = MakeEngine(std::make_shared<SelfDraftSource>(model_, SelfDraftSource::Options{}));
-  Result result;
+  StreamCollector result;
   absl::StatusOr<uint64_t> id = engine->Submit(Request(Prompt(5, 4), 200, 4), result.Callback());
   ASSERT_TRUE(id.ok());
   while (engine->stats().generated_tokens < 3) absl::SleepFor(absl::Milliseconds(1));

@@ -9,7 +9,6 @@
 #include <set>
 
 #include "absl/strings/str_join.h"
-#include "absl/synchronization/mutex.h"
 #include "engine/engine.h"
 #include "engine/mtp_draft_source.h"
 #include "gtest/gtest.h"
@@ -18,6 +17,7 @@
 #include "loaders/tensorizer_checkpoint.h"
 #include "models/bind.h"
 #include "models/lifecycle.h"
+#include "tests/engine/stream_collector.h"
 #include "tests/loaders/test_util.h"
 #include "tests/reference/torch_reference.h"
 
@@ -340,32 +340,28 @@ std::vector<std::vector<int32_t>> GenerateGreedy(std::shared_ptr<const PreparedM
   EXPECT_TRUE(engine.ok()) << engine.status();
   if (!engine.ok()) return {};
   const std::vector<std::vector<int32_t>> prompts = {{1, 2, 3}, {7}, {5, 9, 11, 13, 17, 19}};
-  std::vector<std::vector<int32_t>> outputs(prompts.size());
-  absl::Mutex mutex;
-  int finished = 0;
-  for (size_t i = 0; i < prompts.size(); ++i) {
+  std::vector<std::unique_ptr<StreamCollector>> streams;
+  for (const std::vector<int32_t>& prompt : prompts) {
     GenerationRequest request;
-    request.prompt = prompts[i];
+    request.prompt = prompt;
     request.stopping.max_tokens = 12;
     request.stopping.ignore_eos = true;
     request.num_draft_tokens = num_draft_tokens;
-    absl::StatusOr<uint64_t> id = (*engine)->Submit(request, [&, i](GenerationUpdate update) {
-      absl::MutexLock lock(&mutex);
-      EXPECT_TRUE(update.status.ok()) << update.status;
-      outputs[i].insert(outputs[i].end(), update.token_ids.begin(), update.token_ids.end());
-      if (update.finish != FinishReason::kNone || !update.status.ok()) {
-        stats->drafted += update.speculative.drafted;
-        stats->accepted += update.speculative.accepted;
-        ++finished;
-      }
-    });
+    streams.push_back(std::make_unique<StreamCollector>());
+    absl::StatusOr<uint64_t> id = (*engine)->Submit(request, streams.back()->Callback());
     EXPECT_TRUE(id.ok()) << id.status();
   }
-  const int total = static_cast<int>(prompts.size());
-  auto all_done = [&]() { return finished == total; };
-  absl::MutexLock lock(&mutex);
-  EXPECT_TRUE(mutex.AwaitWithTimeout(absl::Condition(&all_done, &decltype(all_done)::operator()),
-                                     absl::Seconds(60)));
+  std::vector<std::vector<int32_t>> outputs;
+  for (const std::unique_ptr<StreamCollector>& stream : streams) {
+    stream->Wait(absl::Seconds(60));
+    absl::MutexLock lock(&stream->mutex);
+    EXPECT_TRUE(stream->last.has_value() && stream->last->status.ok());
+    if (stream->last.has_value()) {
+      stats->drafted += stream->last->speculative.drafted;
+      stats->accepted += stream->last->speculative.accepted;
+    }
+    outputs.push_back(stream->tokens);
+  }
   return outputs;
 }
 
