@@ -9,6 +9,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/types/span.h"
 #include "kernels/dtype.h"
 
 namespace kiln {
@@ -64,6 +65,11 @@ class Backend {
   // Packs the weight into the layout the backend's fastest kernel wants. Shapes the fast path
   // does not support fall back to a slower layout instead of failing.
   virtual absl::StatusOr<std::unique_ptr<PackedLinear>> PackLinear(const LinearPackSpec& spec) = 0;
+  // Packs a whole model's weights: one result per spec, in order. A backend may pack them
+  // concurrently (the CPU backend does); this default packs them one after another. On error
+  // nothing is returned and the status names the first failing spec.
+  virtual absl::StatusOr<std::vector<std::unique_ptr<PackedLinear>>> PackLinears(
+      absl::Span<const LinearPackSpec> specs);
 };
 
 // The oneDNN CPU backend.

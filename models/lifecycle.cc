@@ -56,9 +56,13 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
   model->compute_dtype_ = compute;
   model->backend_ = backend;
 
+  // Every weight is described first and packed in one call, so the backend can pack them
+  // concurrently; `slots` says where each packed weight goes.
+  std::vector<LinearPackSpec> specs;
+  std::vector<std::unique_ptr<PackedLinear>*> slots;
   auto pack = [&](std::string name, std::vector<const TensorRecord*> blocks,
-                  std::vector<const TensorRecord*> biases)
-      -> absl::StatusOr<std::unique_ptr<PackedLinear>> {
+                  std::vector<const TensorRecord*> biases,
+                  std::unique_ptr<PackedLinear>* slot) -> absl::Status {
     LinearPackSpec spec;
     spec.name = std::move(name);
     spec.compute_dtype = compute;
@@ -74,7 +78,9 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
         model->parameter_count_ += bias->elements();
       }
     }
-    return backend->PackLinear(spec);
+    specs.push_back(std::move(spec));
+    slots.push_back(slot);
+    return absl::OkStatus();
   };
 
   const BoundParams& top = bound.model_params;
@@ -86,7 +92,7 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
   if (c.tie_word_embeddings || lm_head == nullptr) lm_head = embedding;
   {
     const int64_t before = model->parameter_count_;
-    KILN_ASSIGN_OR_RETURN(model->lm_head_, pack("lm_head", {lm_head}, {}));
+    KILN_RETURN_IF_ERROR(pack("lm_head", {lm_head}, {}, &model->lm_head_));
     if (lm_head == embedding) model->parameter_count_ = before;  // tied: counted once
   }
   model->final_norm_ = ToF32(role(top, ParamRole::kFinalNorm));
@@ -96,23 +102,24 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
   // separate q/k/v and gate/up stacked at pack time; engine layout: already fused.
   auto pack_block = [&](const BoundParams& p, const std::string& prefix,
                         PreparedModel::Layer& layer) -> absl::Status {
-    const bool fused_qkv = role(p, ParamRole::kQKV) != nullptr;
-    KILN_ASSIGN_OR_RETURN(
-        layer.qkv,
-        fused_qkv ? pack(prefix + "qkv", {role(p, ParamRole::kQKV)}, {role(p, ParamRole::kQKVBias)})
-                  : pack(prefix + "qkv",
-                         {role(p, ParamRole::kQ), role(p, ParamRole::kK), role(p, ParamRole::kV)},
-                         {role(p, ParamRole::kQBias), role(p, ParamRole::kKBias),
-                          role(p, ParamRole::kVBias)}));
-    KILN_ASSIGN_OR_RETURN(
-        layer.o, pack(prefix + "o", {role(p, ParamRole::kO)}, {role(p, ParamRole::kOBias)}));
+    if (role(p, ParamRole::kQKV) != nullptr) {
+      KILN_RETURN_IF_ERROR(pack(prefix + "qkv", {role(p, ParamRole::kQKV)},
+                                {role(p, ParamRole::kQKVBias)}, &layer.qkv));
+    } else {
+      KILN_RETURN_IF_ERROR(pack(
+          prefix + "qkv", {role(p, ParamRole::kQ), role(p, ParamRole::kK), role(p, ParamRole::kV)},
+          {role(p, ParamRole::kQBias), role(p, ParamRole::kKBias), role(p, ParamRole::kVBias)},
+          &layer.qkv));
+    }
+    KILN_RETURN_IF_ERROR(
+        pack(prefix + "o", {role(p, ParamRole::kO)}, {role(p, ParamRole::kOBias)}, &layer.o));
     const TensorRecord* gate_up = role(p, ParamRole::kGateUp);
-    KILN_ASSIGN_OR_RETURN(
-        layer.gate_up,
-        gate_up != nullptr
-            ? pack(prefix + "gate_up", {gate_up}, {})
-            : pack(prefix + "gate_up", {role(p, ParamRole::kGate), role(p, ParamRole::kUp)}, {}));
-    KILN_ASSIGN_OR_RETURN(layer.down, pack(prefix + "down", {role(p, ParamRole::kDown)}, {}));
+    KILN_RETURN_IF_ERROR(gate_up != nullptr
+                             ? pack(prefix + "gate_up", {gate_up}, {}, &layer.gate_up)
+                             : pack(prefix + "gate_up",
+                                    {role(p, ParamRole::kGate), role(p, ParamRole::kUp)}, {},
+                                    &layer.gate_up));
+    KILN_RETURN_IF_ERROR(pack(prefix + "down", {role(p, ParamRole::kDown)}, {}, &layer.down));
     layer.input_norm = ToF32(role(p, ParamRole::kInputNorm));
     layer.post_attention_norm = ToF32(role(p, ParamRole::kPostAttentionNorm));
     layer.q_norm = ToF32(role(p, ParamRole::kQNorm));
@@ -121,7 +128,7 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
                                static_cast<int64_t>(layer.k_norm.size());
     return absl::OkStatus();
   };
-  model->layers_.resize(bound.layers.size());
+  model->layers_.resize(bound.layers.size());  // sized before: `slots` point into it
   for (size_t i = 0; i < bound.layers.size(); ++i) {
     KILN_RETURN_IF_ERROR(
         pack_block(bound.layers[i], absl::StrCat("layers.", i, "."), model->layers_[i]));
@@ -134,13 +141,16 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
     PreparedModel::MtpHead& head = model->mtp_heads_[i];
     const std::string prefix = absl::StrCat("mtp.", i, ".");
     head.info = params.info;
-    KILN_ASSIGN_OR_RETURN(head.proj, pack(prefix + "proj", {params.proj}, {}));
+    KILN_RETURN_IF_ERROR(pack(prefix + "proj", {params.proj}, {}, &head.proj));
     head.embedding_norm = ToF32(params.embedding_norm);
     head.hidden_norm = ToF32(params.hidden_norm);
     head.final_norm = ToF32(params.final_norm);
     model->parameter_count_ += 3 * c.hidden_size;
     KILN_RETURN_IF_ERROR(pack_block(params.block, prefix, head.block));
   }
+  KILN_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<PackedLinear>> packed,
+                        backend->PackLinears(specs));
+  for (size_t i = 0; i < packed.size(); ++i) *slots[i] = std::move(packed[i]);
   model->rope_ = std::make_unique<cpu::RopeTable>(c.head_dim, c.rope_theta, c.rope_scaling);
   model->report_ = std::move(bound.report);
   model->source_ = std::move(bound.source);  // after this, `bound`'s record pointers are unused

@@ -1,6 +1,7 @@
 // The oneDNN CPU backend: weights are packed once into the blocked layout oneDNN's brgemm
 // matmul picks for a concrete M (see docs/onednn-2.6.md: 2.6 refuses brgemm for runtime dims),
 // and every call runs a primitive created (and cached) for its concrete M against that layout.
+#include <omp.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -12,15 +13,20 @@
 #include <exception>
 #include <memory>
 #include <new>
+#include <numeric>
 #include <oneapi/dnnl/dnnl.hpp>
 #include <string>
+#include <system_error>
+#include <thread>
 #include <utility>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "base/logging.h"
+#include "base/status_macros.h"
 #include "kernels/backend.h"
 
 namespace kiln {
@@ -255,48 +261,23 @@ class OneDnnLinear final : public PackedLinear {
         engine_(std::move(engine)),
         cache_(std::move(cache)) {}
 
-  // Converts, stacks and reorders the weight; throws dnnl::error / std::bad_alloc.
-  void Pack(const LinearPackSpec& spec) {
+  // Picks the packed layout (the M = 1 primitive's). Throws dnnl::error.
+  void Plan(const LinearPackSpec& spec) {
     const PrimKey rep_key{k_, n_, kRepresentativeM, dtype_, !spec.bias.empty()};
     std::shared_ptr<const PrimEntry> rep = cache_->Get(rep_key);
     packed_md_ = rep->weights_md;
     kernel_name_ = rep->impl;
+  }
 
-    // Plain W[N, K] in the compute dtype, which is weights {K, N} in layout `ba`. A single block
-    // already in the compute dtype and naturally aligned (e.g. the fused weights of a native
-    // tensorized file) is used where it lies: the reorder reads it directly, saving a full copy.
-    // Unaligned views (Tensorizer data offsets are arbitrary) are copied by ConvertBlock.
-    const size_t plain_bytes = static_cast<size_t>(n_ * k_) * DTypeSize(dtype_);
-    const bool use_source =
-        spec.row_blocks.size() == 1 && spec.row_blocks[0].dtype == dtype_ &&
-        reinterpret_cast<uintptr_t>(spec.row_blocks[0].data) % DTypeSize(dtype_) == 0;
-    AlignedBytes plain;
-    std::byte* plain_data = nullptr;
-    if (use_source) {
-      // The reorder only reads its source.
-      plain_data = const_cast<std::byte*>(spec.row_blocks[0].data);
-    } else {
-      plain = AllocAligned(plain_bytes);
-      plain_data = plain.get();
-      size_t offset = 0;
-      for (const WeightView& block : spec.row_blocks) {
-        ConvertBlock(block, dtype_, plain_data + offset);
-        offset += static_cast<size_t>(block.rows * k_) * DTypeSize(dtype_);
-      }
-    }
-    const memory::desc plain_md({k_, n_}, ToDnnl(dtype_), Tag::ba);
+  // Converts, stacks and reorders the weight into a buffer of its own. Throws dnnl::error /
+  // std::bad_alloc.
+  void Pack(const LinearPackSpec& spec) {
     const size_t packed_size = packed_md_.get_size();
     packed_ = AllocAligned(packed_size);
     weights_mem_ = memory(packed_md_, engine_, packed_.get());
-    if (plain_md == packed_md_) {
-      std::memcpy(packed_.get(), plain_data, plain_bytes);
-    } else {
-      memory plain_mem(plain_md, engine_, plain_data);
-      dnnl::stream& stream = ThreadStream(engine_);
-      dnnl::reorder(plain_mem, weights_mem_).execute(stream, plain_mem, weights_mem_);
-      stream.wait();
-    }
-    plain.reset();
+    dnnl::stream& stream = ThreadStream(engine_);
+    const bool in_place = ReorderBlocksWhereTheyLie(spec, stream);
+    if (!in_place) ReorderThroughPlainCopy(spec, stream);
 
     packed_bytes_ = packed_size;
     if (!spec.bias.empty()) {
@@ -307,9 +288,82 @@ class OneDnnLinear final : public PackedLinear {
       packed_bytes_ += bias_bytes;
     }
     VLOG(1) << "packed " << name_ << " [N=" << n_ << ", K=" << k_ << "] " << DTypeName(dtype_)
-            << (bias_ ? " +bias" : "") << ": " << packed_bytes_ << " bytes, impl " << kernel_name_;
+            << (bias_ ? " +bias" : "") << ": " << packed_bytes_ << " bytes, impl " << kernel_name_
+            << (in_place ? ", reordered in place" : ", through a stacked copy");
   }
 
+  // Plain W[N, K] in the compute dtype is weights {K, N} in layout `ba`.
+  memory::desc PlainDesc(int64_t rows) const {
+    return memory::desc({k_, rows}, ToDnnl(dtype_), Tag::ba);
+  }
+
+  void Reorder(const memory::desc& src_md, const std::byte* src, const memory::desc& dst_md,
+               dnnl::stream& stream) {
+    // The reorder only reads its source.
+    memory src_mem(src_md, engine_, const_cast<std::byte*>(src));
+    memory dst_mem(dst_md, engine_, packed_.get());
+    dnnl::reorder(src_mem, dst_mem).execute(stream, src_mem, dst_mem);
+    stream.wait();
+  }
+
+  // Blocks already in the compute dtype at aligned addresses (a memory-mapped bf16 checkpoint,
+  // the fused weights of a native tensorized file) are reordered from where they lie, each into
+  // its own rows of the packed layout: no stacked plain copy, which would cost a pass over the
+  // bytes and as much fresh memory again. Several blocks need the packed layout to be cut at each
+  // block's first row (oneDNN refuses cuts inside a layout block) and to have no padding, which
+  // a cut could leave unwritten. Returns false when a block does not qualify; the caller then
+  // rewrites the whole packed buffer.
+  bool ReorderBlocksWhereTheyLie(const LinearPackSpec& spec, dnnl::stream& stream) {
+    for (const WeightView& block : spec.row_blocks) {
+      if (block.dtype != dtype_ ||
+          reinterpret_cast<uintptr_t>(block.data) % DTypeSize(dtype_) != 0) {
+        return false;
+      }
+    }
+    if (spec.row_blocks.size() == 1) {
+      const memory::desc plain_md = PlainDesc(n_);
+      if (plain_md == packed_md_) {
+        std::memcpy(packed_.get(), spec.row_blocks[0].data, spec.row_blocks[0].bytes());
+      } else {
+        Reorder(plain_md, spec.row_blocks[0].data, packed_md_, stream);
+      }
+      return true;
+    }
+    const dnnl_memory_desc_t& md = packed_md_.data;
+    if (md.padded_dims[0] != md.dims[0] || md.padded_dims[1] != md.dims[1]) return false;
+    try {
+      std::vector<memory::desc> parts;
+      int64_t row = 0;
+      for (const WeightView& block : spec.row_blocks) {
+        parts.push_back(packed_md_.submemory_desc({k_, block.rows}, {0, row}));
+        row += block.rows;
+      }
+      for (size_t i = 0; i < parts.size(); ++i) {
+        Reorder(PlainDesc(spec.row_blocks[i].rows), spec.row_blocks[i].data, parts[i], stream);
+      }
+    } catch (const dnnl::error&) {
+      return false;
+    }
+    return true;
+  }
+
+  // Converts and stacks the blocks into one plain buffer, then reorders that.
+  void ReorderThroughPlainCopy(const LinearPackSpec& spec, dnnl::stream& stream) {
+    AlignedBytes plain = AllocAligned(static_cast<size_t>(n_ * k_) * DTypeSize(dtype_));
+    size_t offset = 0;
+    for (const WeightView& block : spec.row_blocks) {
+      ConvertBlock(block, dtype_, plain.get() + offset);
+      offset += static_cast<size_t>(block.rows * k_) * DTypeSize(dtype_);
+    }
+    const memory::desc plain_md = PlainDesc(n_);
+    if (plain_md == packed_md_) {
+      std::memcpy(packed_.get(), plain.get(), offset);
+    } else {
+      Reorder(plain_md, plain.get(), packed_md_, stream);
+    }
+  }
+
+  size_t planned_bytes() const { return packed_md_.get_size(); }
   int64_t in_features() const override { return k_; }
   int64_t out_features() const override { return n_; }
   DType compute_dtype() const override { return dtype_; }
@@ -459,26 +513,85 @@ class OneDnnBackend final : public Backend {
   absl::string_view name() const override { return "onednn-cpu"; }
 
   absl::StatusOr<std::unique_ptr<PackedLinear>> PackLinear(const LinearPackSpec& spec) override {
-    int64_t k = 0;
-    int64_t n = 0;
-    if (absl::Status status = ValidateSpec(spec, &k, &n); !status.ok()) return status;
-    try {
-      auto linear =
-          std::make_unique<OneDnnLinear>(spec.name, k, n, spec.compute_dtype, engine_, cache_);
-      linear->Pack(spec);
-      return std::unique_ptr<PackedLinear>(std::move(linear));
-    } catch (const dnnl::error& e) {
-      return absl::InternalError(absl::StrCat("PackLinear(", spec.name, "): oneDNN error (status ",
-                                              static_cast<int>(e.status), "): ", e.what()));
-    } catch (const std::bad_alloc&) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("PackLinear(", spec.name, "): out of memory"));
-    } catch (const std::exception& e) {
-      return absl::InternalError(absl::StrCat("PackLinear(", spec.name, "): ", e.what()));
-    }
+    KILN_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<PackedLinear>> packed,
+                          PackAll(absl::MakeConstSpan(&spec, 1), /*threads=*/1));
+    return std::move(packed.front());
+  }
+
+  absl::StatusOr<std::vector<std::unique_ptr<PackedLinear>>> PackLinears(
+      absl::Span<const LinearPackSpec> specs) override {
+    return PackAll(specs, std::max(1, omp_get_max_threads()));
   }
 
  private:
+  // Packs every spec: one weight per thread, each packed single-threaded. A model has hundreds
+  // of weights, so this keeps every core busy without an OpenMP barrier per reorder, and the
+  // first-touch page faults on fresh packed memory (the dearest part of packing: the kernel
+  // zeroes every page) run on all cores at once. Largest first, so a big lm_head does not
+  // finish alone at the end.
+  absl::StatusOr<std::vector<std::unique_ptr<PackedLinear>>> PackAll(
+      absl::Span<const LinearPackSpec> specs, int threads) {
+    std::vector<std::unique_ptr<OneDnnLinear>> linears;
+    for (const LinearPackSpec& spec : specs) {
+      int64_t k = 0;
+      int64_t n = 0;
+      KILN_RETURN_IF_ERROR(ValidateSpec(spec, &k, &n));
+      linears.push_back(
+          std::make_unique<OneDnnLinear>(spec.name, k, n, spec.compute_dtype, engine_, cache_));
+      KILN_RETURN_IF_ERROR(Guarded(spec.name, [&] { linears.back()->Plan(spec); }));
+    }
+
+    std::vector<size_t> order(specs.size());
+    std::iota(order.begin(), order.end(), size_t{0});
+    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+      return linears[a]->planned_bytes() > linears[b]->planned_bytes();
+    });
+    std::vector<absl::Status> statuses(specs.size());
+    std::atomic<size_t> next{0};
+    std::atomic<bool> failed{false};
+    auto work = [&] {
+      const int saved_threads = omp_get_max_threads();
+      if (threads > 1) omp_set_num_threads(1);
+      while (!failed.load(std::memory_order_relaxed)) {
+        const size_t i = next.fetch_add(1, std::memory_order_relaxed);
+        if (i >= order.size()) break;
+        const size_t at = order[i];
+        statuses[at] = Guarded(specs[at].name, [&] { linears[at]->Pack(specs[at]); });
+        if (!statuses[at].ok()) failed.store(true, std::memory_order_relaxed);
+      }
+      omp_set_num_threads(saved_threads);
+    };
+    std::vector<std::thread> pool;
+    for (size_t t = 1; t < std::min(static_cast<size_t>(threads), specs.size()); ++t) {
+      try {
+        pool.emplace_back(work);
+      } catch (const std::system_error&) {
+        break;  // fewer threads: slower, not wrong
+      }
+    }
+    work();
+    for (std::thread& thread : pool) thread.join();
+    for (const absl::Status& status : statuses) KILN_RETURN_IF_ERROR(status);
+    return std::vector<std::unique_ptr<PackedLinear>>(std::make_move_iterator(linears.begin()),
+                                                      std::make_move_iterator(linears.end()));
+  }
+
+  // Runs `fn`, turning what oneDNN and the allocator throw into a status naming the weight.
+  template <typename Fn>
+  static absl::Status Guarded(const std::string& name, Fn&& fn) {
+    try {
+      fn();
+      return absl::OkStatus();
+    } catch (const dnnl::error& e) {
+      return absl::InternalError(absl::StrCat("PackLinear(", name, "): oneDNN error (status ",
+                                              static_cast<int>(e.status), "): ", e.what()));
+    } catch (const std::bad_alloc&) {
+      return absl::ResourceExhaustedError(absl::StrCat("PackLinear(", name, "): out of memory"));
+    } catch (const std::exception& e) {
+      return absl::InternalError(absl::StrCat("PackLinear(", name, "): ", e.what()));
+    }
+  }
+
   const dnnl::engine engine_;
   const std::shared_ptr<PrimitiveCache> cache_;
 };

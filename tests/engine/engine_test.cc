@@ -7,6 +7,7 @@
 #include "gtest/gtest.h"
 #include "loaders/load_model.h"
 #include "tests/engine/stream_collector.h"
+#include "tests/engine/synth_model.h"
 #include "tests/loaders/test_util.h"
 
 namespace kiln {
@@ -23,11 +24,8 @@ class EngineTest : public ::testing::Test {
     config->vocab_size = 512;
     SynthOptions options;
     options.dtype = DType::kF32;
-    ASSERT_TRUE(WriteSynthCheckpoint(dir_->path(), *config, options).ok());
-    absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
-    ASSERT_TRUE(backend.ok());
     absl::StatusOr<std::unique_ptr<PreparedModel>> model =
-        LoadModel(dir_->path(), std::shared_ptr<Backend>(std::move(*backend)));
+        testing_util::WriteAndLoad(dir_->path(), *config, options);
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::shared_ptr<const PreparedModel>(std::move(*model));
   }

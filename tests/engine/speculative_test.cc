@@ -10,6 +10,7 @@
 #include "gtest/gtest.h"
 #include "loaders/load_model.h"
 #include "tests/engine/stream_collector.h"
+#include "tests/engine/synth_model.h"
 #include "tests/loaders/test_util.h"
 
 namespace kiln {
@@ -27,11 +28,8 @@ class SpeculativeTest : public ::testing::Test {
     SynthOptions options;
     options.dtype = DType::kF32;
     options.seed = 5;
-    ASSERT_TRUE(WriteSynthCheckpoint(dir_->path(), *config, options).ok());
-    absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
-    ASSERT_TRUE(backend.ok());
     absl::StatusOr<std::unique_ptr<PreparedModel>> model =
-        LoadModel(dir_->path(), std::shared_ptr<Backend>(std::move(*backend)));
+        testing_util::WriteAndLoad(dir_->path(), *config, options);
     ASSERT_TRUE(model.ok()) << model.status();
     model_ = std::shared_ptr<const PreparedModel>(std::move(*model));
     absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromDirectory(dir_->path());
@@ -285,11 +283,8 @@ TEST_F(SpeculativeTest, EosInsideADraftEndsTheStreamUnlessIgnored) {
   options.dtype = DType::kF32;
   options.seed = 5;
   options.write_tokenizer = false;
-  ASSERT_TRUE(WriteSynthCheckpoint(dir.path(), *config, options).ok());
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
-  ASSERT_TRUE(backend.ok());
   absl::StatusOr<std::unique_ptr<PreparedModel>> model =
-      LoadModel(dir.path(), std::shared_ptr<Backend>(std::move(*backend)));
+      testing_util::WriteAndLoad(dir.path(), *config, options);
   ASSERT_TRUE(model.ok()) << model.status();
   EngineOptions engine_options;
   engine_options.max_context = 256;

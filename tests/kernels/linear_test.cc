@@ -205,6 +205,70 @@ TEST_P(PackedLinearTest, MatchesReferenceForFusedQkv) {
   }
 }
 
+// Aligned blocks already in the compute dtype are reordered from where they lie straight into
+// their rows of the packed layout when every cut falls on a layout block; other shapes take the
+// stacked copy. Either way the source is untouched and the result matches the reference.
+TEST_P(PackedLinearTest, AlignedBlocksPackWhereTheyLie) {
+  std::unique_ptr<Backend> backend = MakeBackend();
+  ASSERT_NE(backend, nullptr);
+  const DType source = GetParam();  // the compute dtype: no conversion
+  const std::vector<Shape> shapes = {
+      {896, {896, 128, 128}}, {64, {64, 192}}, {96, {64, 64, 3}}, {40, {8, 64}}};
+  uint32_t seed = 40;
+  for (const Shape& shape : shapes) {
+    SCOPED_TRACE(testing::Message() << "K=" << shape.k << " blocks=" << shape.rows.size());
+    Problem p = MakeProblem(GetParam(), source, shape.k, shape.rows, true, seed++, 0);
+    std::vector<std::vector<std::byte>> before;
+    for (const StoredBlock& block : p.blocks) before.push_back(block.storage);
+    auto linear = backend->PackLinear(p.Spec("test.blocks_in_place"));
+    ASSERT_TRUE(linear.ok()) << linear.status();
+    for (size_t i = 0; i < p.blocks.size(); ++i) {
+      EXPECT_EQ(p.blocks[i].storage, before[i]) << "packing must not write its source";
+    }
+    CheckForward(**linear, p, {1, 7, 64});
+  }
+}
+
+// PackLinears packs a whole model's weights (concurrently on the CPU backend): every result is
+// in spec order and computes exactly what PackLinear's does; a bad spec fails the batch with an
+// error naming it.
+TEST_P(PackedLinearTest, PackLinearsMatchesPackLinearInOrder) {
+  std::unique_ptr<Backend> backend = MakeBackend();
+  ASSERT_NE(backend, nullptr);
+  std::vector<Problem> problems;
+  std::vector<LinearPackSpec> specs;
+  const std::vector<Shape> shapes = {{896, {896, 128, 128}}, {64, {4096}}, {33, {7, 5}},
+                                     {896, {4864}},          {72, {33}},   {128, {64, 64}}};
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    problems.push_back(MakeProblem(GetParam(), i % 2 ? DType::kBF16 : DType::kF32, shapes[i].k,
+                                   shapes[i].rows, i % 3 == 0, static_cast<uint32_t>(70 + i),
+                                   i % 2));
+  }
+  for (size_t i = 0; i < problems.size(); ++i) {
+    specs.push_back(problems[i].Spec("layers." + std::to_string(i)));
+  }
+  auto packed = backend->PackLinears(specs);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  ASSERT_EQ(packed->size(), specs.size());
+  for (size_t i = 0; i < specs.size(); ++i) {
+    SCOPED_TRACE(specs[i].name);
+    auto single = backend->PackLinear(specs[i]);
+    ASSERT_TRUE(single.ok()) << single.status();
+    ASSERT_EQ((*packed)[i]->out_features(), problems[i].n);
+    const std::vector<float> x = RandomInput(5 * problems[i].k, 3);
+    std::vector<float> y_batch(5 * problems[i].n), y_single(5 * problems[i].n);
+    ASSERT_TRUE((*packed)[i]->Forward(x.data(), 5, y_batch.data()).ok());
+    ASSERT_TRUE((*single)->Forward(x.data(), 5, y_single.data()).ok());
+    EXPECT_EQ(y_batch, y_single);
+    ExpectMatchesReference(problems[i], x, 5, y_batch.data());
+  }
+  specs[3].row_blocks.push_back(specs[2].row_blocks[0]);  // 33 cols beside 896: invalid
+  auto failed = backend->PackLinears(specs);
+  ASSERT_FALSE(failed.ok());
+  EXPECT_EQ(failed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(failed.status().message().find("layers.3"), std::string::npos) << failed.status();
+}
+
 TEST_P(PackedLinearTest, ZeroRowsIsANoOpAndNegativeIsAnError) {
   std::unique_ptr<Backend> backend = MakeBackend();
   ASSERT_NE(backend, nullptr);
