@@ -12,11 +12,13 @@
 #include "loaders/load_model.h"
 #include "models/lifecycle.h"
 #include "tests/loaders/test_util.h"
+#include "tests/models/cpu_backend.h"
 #include "tests/reference/torch_reference.h"
 
 namespace kiln {
 namespace {
 
+using testing_util::CpuBackend;
 using testing_util::ScratchDir;
 
 struct Variant {
@@ -105,15 +107,6 @@ std::vector<ForwardCase> AllCases() {
     for (DType dtype : {DType::kF32, DType::kBF16}) cases.push_back({variant, dtype});
   }
   return cases;
-}
-
-std::shared_ptr<Backend> CpuBackend() {
-  static std::shared_ptr<Backend> backend = [] {
-    absl::StatusOr<std::unique_ptr<Backend>> created = CreateCpuBackend();
-    EXPECT_TRUE(created.ok()) << created.status();
-    return std::shared_ptr<Backend>(std::move(*created));
-  }();
-  return backend;
 }
 
 // Runs `model` over the chunks of one sequence (sizes `splits`) and returns the logits of every

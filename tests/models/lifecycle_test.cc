@@ -11,10 +11,12 @@
 #include "models/bind.h"
 #include "models/manifest.h"
 #include "tests/loaders/test_util.h"
+#include "tests/models/cpu_backend.h"
 
 namespace kiln {
 namespace {
 
+using testing_util::CpuBackend;
 using testing_util::ScratchDir;
 
 // Compile-time half of invariant 1: only PreparedModel has Forward, and nothing outside the
@@ -38,12 +40,6 @@ ModelConfig TinyConfig() {
   config->num_hidden_layers = 2;
   config->vocab_size = 512;
   return *config;
-}
-
-std::shared_ptr<Backend> CpuBackend() {
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  return std::shared_ptr<Backend>(std::move(*backend));
 }
 
 // Writes a checkpoint of `config` with constant weights; `edit` may drop, add or reshape

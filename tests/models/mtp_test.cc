@@ -19,24 +19,17 @@
 #include "models/lifecycle.h"
 #include "tests/engine/stream_collector.h"
 #include "tests/loaders/test_util.h"
+#include "tests/models/cpu_backend.h"
 #include "tests/reference/torch_reference.h"
 
 namespace kiln {
 namespace {
 
+using testing_util::CpuBackend;
 using testing_util::ScratchDir;
 using Weights = std::map<std::string, torch::Tensor>;
 
 constexpr double kTolerance = 1e-4;
-
-std::shared_ptr<Backend> CpuBackend() {
-  static std::shared_ptr<Backend> backend = [] {
-    absl::StatusOr<std::unique_ptr<Backend>> created = CreateCpuBackend();
-    EXPECT_TRUE(created.ok()) << created.status();
-    return std::shared_ptr<Backend>(std::move(*created));
-  }();
-  return backend;
-}
 
 ModelConfig LlamaConfig() {
   ModelConfig c;

@@ -17,11 +17,13 @@
 #include "loaders/tensorizer_reader.h"
 #include "models/lifecycle.h"
 #include "tests/loaders/test_util.h"
+#include "tests/models/cpu_backend.h"
 
 namespace kiln {
 namespace {
 
 namespace fs = std::filesystem;
+using testing_util::CpuBackend;
 using testing_util::ReadBytes;
 using testing_util::ScratchDir;
 
@@ -29,12 +31,6 @@ const fs::path kData = fs::path(KILN_TEST_DATA_DIR);
 const fs::path kTensorizer = kData / "tensorizer";
 const fs::path kLlamaTiny = kData / "llama_tiny";
 constexpr int64_t kVocab = 256;
-
-std::shared_ptr<Backend> CpuBackend() {
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
-  EXPECT_TRUE(backend.ok()) << backend.status();
-  return std::shared_ptr<Backend>(std::move(*backend));
-}
 
 // Logits of every position of [1, 2, 3, 4, 5], row-major [5, vocab].
 std::vector<float> FixtureLogits(const PreparedModel& model) {
