@@ -151,7 +151,7 @@ int Main() {
       LoadOptions options;
       options.tensorizer.verify_hashes = variant.verify_hashes;
       uint64_t bytes = 0;
-      ReadOnce(variant.files, &bytes);  // warm the page cache
+      if (!cold) ReadOnce(variant.files, &bytes);  // warm the page cache
       // Before each measurement: a cold one starts from storage, a warm one from the cache.
       auto prepare = [&] {
         if (cold && !Evict(variant.files)) {
