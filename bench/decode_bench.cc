@@ -19,6 +19,7 @@
 #include "base/logging.h"
 #include "bench/bench_util.h"
 #include "clients/synth.h"
+#include "kernels/backend_registry.h"
 #include "loaders/load_model.h"
 
 ABSL_FLAG(std::string, preset, "qwen2.5-0.5b", "model shape (kiln synth preset)");
@@ -27,6 +28,7 @@ ABSL_FLAG(std::string, model_dir, "build/bench-models", "where synthesized model
 ABSL_FLAG(int32_t, prompt_tokens, 512, "prefill prompt length");
 ABSL_FLAG(int32_t, decode_tokens, 128, "tokens decoded at batch 1");
 ABSL_FLAG(int32_t, repeats, 3, "repetitions per measurement (the median is printed)");
+ABSL_FLAG(std::string, backend, "cpu", "compute backend (kernels/backend_registry.h)");
 
 namespace kiln {
 namespace {
@@ -123,9 +125,13 @@ int Main() {
   const double bandwidth = MeasureReadBandwidth(repeats);
   std::printf("memory read bandwidth     %8.2f GB/s (median of %d)\n", bandwidth / 1e9, repeats);
 
-  absl::StatusOr<std::unique_ptr<Backend>> created = CreateCpuBackend();
-  if (!created.ok()) return 1;
+  absl::StatusOr<std::unique_ptr<Backend>> created = CreateBackend(absl::GetFlag(FLAGS_backend));
+  if (!created.ok()) {
+    return std::fprintf(stderr, "%s\n", std::string(created.status().message()).c_str()), 1;
+  }
   std::shared_ptr<Backend> backend(std::move(*created));
+  std::printf("backend                   %s (%s)\n", std::string(backend->name()).c_str(),
+              backend->description().c_str());
 
   uint64_t file_bytes = 0;
   MeasureFileRead(dir, &file_bytes);  // warm the page cache

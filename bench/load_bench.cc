@@ -24,6 +24,7 @@
 #include "base/logging.h"
 #include "bench/bench_util.h"
 #include "clients/synth.h"
+#include "kernels/backend_registry.h"
 #include "loaders/load_model.h"
 #include "loaders/tensorizer_reader.h"
 #include "loaders/tensorizer_writer.h"
@@ -134,7 +135,7 @@ int Main() {
       {"native tensorized, hashes verified", native, {native}, true, 0},
       {"native tensorized, no verification", native, {native}, false, 1.5},
   };
-  absl::StatusOr<std::unique_ptr<Backend>> created = CreateCpuBackend();
+  absl::StatusOr<std::unique_ptr<Backend>> created = CreateBackend("cpu");
   if (!created.ok()) return 1;
   std::shared_ptr<Backend> backend(std::move(*created));
 

@@ -22,6 +22,7 @@
 #include "clients/synth.h"
 #include "engine/draft_sources_testing.h"
 #include "engine/engine.h"
+#include "kernels/backend_registry.h"
 #include "loaders/load_model.h"
 
 ABSL_FLAG(std::string, preset, "qwen2.5-0.5b", "model shape (kiln synth preset)");
@@ -149,7 +150,7 @@ int Main() {
       return std::fprintf(stderr, "%s\n", std::string(s.message()).c_str()), 1;
     }
   }
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu");
   if (!backend.ok()) return 1;
   absl::StatusOr<std::unique_ptr<PreparedModel>> loaded =
       LoadModel(dir, std::shared_ptr<Backend>(std::move(*backend)));

@@ -18,6 +18,7 @@
 #include "clients/cli.h"
 #include "clients/cli_flags.h"
 #include "clients/synth.h"
+#include "kernels/backend_registry.h"
 #include "loaders/load_model.h"
 
 namespace kiln::cli {
@@ -109,7 +110,7 @@ int Run(const Args& args) {
   absl::StatusOr<TensorizerCheckpointOptions> tensorizer = TensorizerFlags();
   if (!tensorizer.ok()) return Fail(tensorizer.status());
   options.tensorizer = *std::move(tensorizer);
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateCpuBackend();
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu");
   if (!backend.ok()) return Fail(backend.status());
   absl::StatusOr<std::unique_ptr<PreparedModel>> model =
       LoadModel(model_dir, std::shared_ptr<Backend>(std::move(*backend)), options);

@@ -1,28 +1,33 @@
-// The key/value cache of one sequence: fp32, contiguous per layer.
+// The key/value cache of one sequence: fp32 in the model's backend memory, contiguous per layer
+// (KvCacheRef's layout). Forward reads and writes it only through the backend's ops
+// (RopeAndAppendKv, Attention); the host sees its length and capacity.
 #pragma once
 
 #include <cstdint>
-#include <memory>
 
 #include "absl/status/statusor.h"
-#include "models/model_config.h"
+#include "kernels/backend.h"
 
 namespace kiln {
 
 class KvCache {
  public:
-  static absl::StatusOr<KvCache> Create(const ModelConfig& config, int64_t capacity);
+  // `capacity` positions of `layers` layers of `kv_dim` keys and values, allocated on `backend`.
+  static absl::StatusOr<KvCache> Create(Backend& backend, int64_t layers, int64_t kv_dim,
+                                        int64_t capacity);
   KvCache(KvCache&&) = default;
   KvCache& operator=(KvCache&&) = default;
 
   int64_t length() const { return length_; }      // positions filled
   int64_t capacity() const { return capacity_; }  // positions it can hold
+  int64_t layers() const { return layers_; }
   int64_t kv_dim() const { return kv_dim_; }
-  size_t bytes() const;
-
-  // Row of `position` in `layer` (kv_dim floats).
-  float* keys(int64_t layer, int64_t position = 0) { return Row(layer, 0, position); }
-  float* values(int64_t layer, int64_t position = 0) { return Row(layer, 1, position); }
+  size_t bytes() const { return storage_.size(); }
+  Device device() const { return storage_.device(); }
+  // Where the ops find it (step metadata).
+  KvCacheRef ref() const {
+    return KvCacheRef{reinterpret_cast<float*>(storage_.data()), layers_, capacity_, kv_dim_};
+  }
 
   // Marks positions [0, n) as filled (the forward pass writes them first).
   void set_length(int64_t n) { length_ = n; }
@@ -32,16 +37,14 @@ class KvCache {
   }
 
  private:
-  KvCache(int64_t layers, int64_t capacity, int64_t kv_dim);
-  float* Row(int64_t layer, int which, int64_t position) {
-    return storage_.get() + ((layer * 2 + which) * capacity_ + position) * kv_dim_;
-  }
+  KvCache(DeviceBuffer storage, int64_t layers, int64_t capacity, int64_t kv_dim)
+      : storage_(std::move(storage)), layers_(layers), capacity_(capacity), kv_dim_(kv_dim) {}
 
+  DeviceBuffer storage_;
   int64_t layers_ = 0;
   int64_t capacity_ = 0;
   int64_t kv_dim_ = 0;
   int64_t length_ = 0;
-  std::unique_ptr<float[]> storage_;
 };
 
 }  // namespace kiln

@@ -7,6 +7,7 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "models/bind.h"
+#include "models/rope.h"
 
 namespace kiln {
 namespace {
@@ -15,6 +16,11 @@ std::atomic<uint64_t> g_post_load_runs{0};
 
 double SecondsSince(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// A 1-D record (a norm weight) as a one-row WeightView.
+WeightView AsVector(const TensorRecord& record) {
+  return WeightView{record.dtype, 1, record.elements(), record.data};
 }
 
 std::vector<float> ToF32(const TensorRecord* record) {
@@ -39,8 +45,10 @@ uint64_t PostLoadRunCount() { return g_post_load_runs.load(); }
 
 PreparedModel::~PreparedModel() = default;
 
-// The packing stage. Runs once per load; the PreparedModel it returns is the only object with
-// Forward(), so a model that skipped it cannot run.
+// The preparation stage. Runs once per load; the PreparedModel it returns is the only object with
+// Forward(), so a model that skipped it cannot run. Everything a forward reads is described here
+// and prepared by the backend in one call: packed linears (biases in their epilogue), norms, the
+// embedding (in place where the backend reads host memory) and the RoPE table.
 absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
                                                         std::shared_ptr<Backend> backend,
                                                         const PostLoadOptions& options) {
@@ -51,15 +59,21 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
     return absl::InvalidArgumentError(
         absl::StrCat("compute dtype ", DTypeName(compute), " is not supported (F32 or BF16)"));
   }
+  const StepCapacity& capacity = options.step_capacity;
+  if (capacity.max_rows < 1 || capacity.max_sequences < 1 || capacity.max_logits_rows < 1) {
+    return absl::InvalidArgumentError("step capacity must be positive");
+  }
   auto model = std::unique_ptr<PreparedModel>(new PreparedModel());
   model->config_ = c;
   model->compute_dtype_ = compute;
   model->backend_ = backend;
+  model->capacity_ = capacity;
 
-  // Every weight is described first and packed in one call, so the backend can pack them
-  // concurrently; `slots` says where each packed weight goes.
-  std::vector<LinearPackSpec> specs;
-  std::vector<std::unique_ptr<PackedLinear>*> slots;
+  // Every tensor is described first and prepared in one call, so the backend can pack
+  // concurrently and place everything at once; the slots say where each result goes.
+  PreparePlan plan;
+  std::vector<std::unique_ptr<PackedLinear>*> linear_slots;
+  std::vector<TensorView*> constant_slots;
   auto pack = [&](std::string name, std::vector<const TensorRecord*> blocks,
                   std::vector<const TensorRecord*> biases,
                   std::unique_ptr<PackedLinear>* slot) -> absl::Status {
@@ -78,15 +92,28 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
         model->parameter_count_ += bias->elements();
       }
     }
-    specs.push_back(std::move(spec));
-    slots.push_back(slot);
+    plan.linears.push_back(std::move(spec));
+    linear_slots.push_back(slot);
     return absl::OkStatus();
+  };
+  // Norm weights, kept as fp32. Absent ones (q/k norms of architectures without them) stay empty.
+  auto norm = [&](std::string name, const TensorRecord* record, TensorView* slot) {
+    if (record == nullptr) return;
+    plan.constants.push_back({std::move(name), AsVector(*record), DType::kF32,
+                              /*source_outlives_model=*/true});
+    constant_slots.push_back(slot);
+    model->parameter_count_ += record->elements();
   };
 
   const BoundParams& top = bound.model_params;
   auto role = [](const BoundParams& params, ParamRole r) { return params[static_cast<int>(r)]; };
   const TensorRecord* embedding = role(top, ParamRole::kEmbedding);
-  KILN_ASSIGN_OR_RETURN(model->embedding_, AsMatrix(*embedding));
+  KILN_ASSIGN_OR_RETURN(WeightView embedding_view, AsMatrix(*embedding));
+  // The embedding keeps its stored dtype: Embed converts the few rows a step reads.
+  plan.constants.push_back(
+      {"embedding", embedding_view, embedding_view.dtype, /*source_outlives_model=*/true});
+  constant_slots.push_back(&model->embedding_);
+  const size_t embedding_constant = plan.constants.size() - 1;
   model->parameter_count_ += embedding->elements();
   const TensorRecord* lm_head = role(top, ParamRole::kLmHead);
   if (c.tie_word_embeddings || lm_head == nullptr) lm_head = embedding;
@@ -95,11 +122,17 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
     KILN_RETURN_IF_ERROR(pack("lm_head", {lm_head}, {}, &model->lm_head_));
     if (lm_head == embedding) model->parameter_count_ = before;  // tied: counted once
   }
-  model->final_norm_ = ToF32(role(top, ParamRole::kFinalNorm));
-  model->parameter_count_ += c.hidden_size;
+  norm("norm", role(top, ParamRole::kFinalNorm), &model->final_norm_);
+  const std::vector<float> inv_freq =
+      RopeInverseFrequencies(c.head_dim, c.rope_theta, c.rope_scaling);
+  plan.constants.push_back({"rope.inv_freq",
+                            WeightView{DType::kF32, 1, static_cast<int64_t>(inv_freq.size()),
+                                       reinterpret_cast<const std::byte*>(inv_freq.data())},
+                            DType::kF32, /*source_outlives_model=*/false});
+  constant_slots.push_back(&model->rope_inv_freq_);
 
-  // One packing path for the main decoder layers and the MTP heads' blocks. Hugging Face layout:
-  // separate q/k/v and gate/up stacked at pack time; engine layout: already fused.
+  // One preparation path for the main decoder layers and the MTP heads' blocks. Hugging Face
+  // layout: separate q/k/v and gate/up stacked at pack time; engine layout: already fused.
   auto pack_block = [&](const BoundParams& p, const std::string& prefix,
                         PreparedModel::Layer& layer) -> absl::Status {
     if (role(p, ParamRole::kQKV) != nullptr) {
@@ -120,21 +153,20 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
                                     {role(p, ParamRole::kGate), role(p, ParamRole::kUp)}, {},
                                     &layer.gate_up));
     KILN_RETURN_IF_ERROR(pack(prefix + "down", {role(p, ParamRole::kDown)}, {}, &layer.down));
-    layer.input_norm = ToF32(role(p, ParamRole::kInputNorm));
-    layer.post_attention_norm = ToF32(role(p, ParamRole::kPostAttentionNorm));
-    layer.q_norm = ToF32(role(p, ParamRole::kQNorm));
-    layer.k_norm = ToF32(role(p, ParamRole::kKNorm));
-    model->parameter_count_ += 2 * c.hidden_size + static_cast<int64_t>(layer.q_norm.size()) +
-                               static_cast<int64_t>(layer.k_norm.size());
+    norm(prefix + "input_norm", role(p, ParamRole::kInputNorm), &layer.input_norm);
+    norm(prefix + "post_attention_norm", role(p, ParamRole::kPostAttentionNorm),
+         &layer.post_attention_norm);
+    norm(prefix + "q_norm", role(p, ParamRole::kQNorm), &layer.q_norm);
+    norm(prefix + "k_norm", role(p, ParamRole::kKNorm), &layer.k_norm);
     return absl::OkStatus();
   };
-  model->layers_.resize(bound.layers.size());  // sized before: `slots` point into it
+  model->layers_.resize(bound.layers.size());  // sized before: the slots point into it
   for (size_t i = 0; i < bound.layers.size(); ++i) {
     KILN_RETURN_IF_ERROR(
         pack_block(bound.layers[i], absl::StrCat("layers.", i, "."), model->layers_[i]));
   }
   // MTP heads: the projection as one linear, the block like a main layer, norms as fp32. Their
-  // embedding / lm_head copies are not packed; the main ones are used.
+  // embedding / lm_head copies are not prepared; the main ones are used.
   model->mtp_heads_.resize(bound.mtp_heads.size());
   for (size_t i = 0; i < bound.mtp_heads.size(); ++i) {
     const MtpHeadParams& params = bound.mtp_heads[i];
@@ -142,16 +174,39 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
     const std::string prefix = absl::StrCat("mtp.", i, ".");
     head.info = params.info;
     KILN_RETURN_IF_ERROR(pack(prefix + "proj", {params.proj}, {}, &head.proj));
-    head.embedding_norm = ToF32(params.embedding_norm);
-    head.hidden_norm = ToF32(params.hidden_norm);
-    head.final_norm = ToF32(params.final_norm);
-    model->parameter_count_ += 3 * c.hidden_size;
+    norm(prefix + "embedding_norm", params.embedding_norm, &head.embedding_norm);
+    norm(prefix + "hidden_norm", params.hidden_norm, &head.hidden_norm);
+    norm(prefix + "final_norm", params.final_norm, &head.final_norm);
     KILN_RETURN_IF_ERROR(pack_block(params.block, prefix, head.block));
   }
-  KILN_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<PackedLinear>> packed,
-                        backend->PackLinears(specs));
-  for (size_t i = 0; i < packed.size(); ++i) *slots[i] = std::move(packed[i]);
-  model->rope_ = std::make_unique<cpu::RopeTable>(c.head_dim, c.rope_theta, c.rope_scaling);
+
+  KILN_ASSIGN_OR_RETURN(model->weights_, backend->Prepare(plan));
+  PreparedWeights& prepared = model->weights_;
+  if (prepared.linears.size() != linear_slots.size() ||
+      prepared.constants.size() != constant_slots.size()) {
+    return absl::InternalError(absl::StrCat("backend ", backend->name(),
+                                            " prepared a different number of tensors than asked"));
+  }
+  for (size_t i = 0; i < linear_slots.size(); ++i) {
+    *linear_slots[i] = std::move(prepared.linears[i]);
+  }
+  prepared.linears.clear();
+  for (size_t i = 0; i < constant_slots.size(); ++i) *constant_slots[i] = prepared.constants[i];
+  model->embedding_zero_copy_ = prepared.zero_copy[embedding_constant];
+
+  // The execution context and its arena, sized once for the largest step.
+  const bool mtp = !model->mtp_heads_.empty();
+  ContextOptions context_options;
+  context_options.limits = {capacity.max_rows, capacity.max_sequences};
+  context_options.scratch_bytes = StepBuffers::Bytes(c, capacity, mtp);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<ExecutionContext> context,
+                        backend->CreateContext(context_options));
+  model->scratch_bytes_ = context_options.scratch_bytes;
+  model->buffers_ = StepBuffers::Carve(context->scratch(), c, capacity, mtp);
+  {
+    absl::MutexLock lock(&model->mutex_);
+    model->context_ = std::move(context);
+  }
   model->report_ = std::move(bound.report);
   model->source_ = std::move(bound.source);  // after this, `bound`'s record pointers are unused
   return model;
@@ -173,9 +228,12 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> BuildPreparedModel(WeightSource s
                         PostLoad(std::move(bound), std::move(backend), options));
   model->timings().bind_seconds = bind_seconds;
   model->timings().post_load_seconds = SecondsSince(start);
-  LOG(INFO) << "post-load on " << model->backend_name() << ": packed " << model->weight_bytes()
-            << " bytes as " << DTypeName(model->compute_dtype()) << " in "
-            << model->timings().post_load_seconds << " s";
+  LOG(INFO) << "post-load on backend " << model->backend_name() << " ("
+            << model->backend_description() << "): prepared " << model->weight_bytes()
+            << " bytes as " << DTypeName(model->compute_dtype())
+            << (model->embedding_zero_copy() ? ", embedding read in place" : "") << ", arena "
+            << model->scratch_bytes() << " bytes, in " << model->timings().post_load_seconds
+            << " s";
   return model;
 }
 

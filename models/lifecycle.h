@@ -16,6 +16,8 @@ namespace kiln {
 struct PostLoadOptions {
   // Dtype weights are packed in. Unset: the checkpoint's (F32 → F32, BF16 → BF16, F16 → F32).
   std::optional<DType> compute_dtype;
+  // The largest step the execution context is sized for (larger ones run as sub-steps).
+  StepCapacity step_capacity;
 };
 
 absl::StatusOr<std::unique_ptr<PreparedModel>> BuildPreparedModel(

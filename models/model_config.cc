@@ -47,8 +47,8 @@ absl::StatusOr<bool> Bool(const Json& json, absl::string_view field, bool fallba
   return it->get<bool>();
 }
 
-absl::StatusOr<cpu::RopeScaling> ParseRopeScaling(const Json& json) {
-  cpu::RopeScaling scaling;
+absl::StatusOr<RopeScaling> ParseRopeScaling(const Json& json) {
+  RopeScaling scaling;
   auto it = json.find("rope_scaling");
   if (it == json.end() || it->is_null()) return scaling;
   if (!it->is_object()) return FieldError("rope_scaling", "must be an object or null");

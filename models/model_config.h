@@ -7,7 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
-#include "kernels/cpu/ops.h"
+#include "models/rope.h"
 
 namespace kiln {
 
@@ -26,7 +26,7 @@ struct ModelConfig {
   int64_t max_position_embeddings = 0;
   double rms_norm_eps = 1e-6;
   double rope_theta = 10000.0;
-  cpu::RopeScaling rope_scaling;
+  RopeScaling rope_scaling;
   bool tie_word_embeddings = false;
   bool qkv_bias = false;       // q/k/v projection biases (Qwen2; Llama/Qwen3 attention_bias)
   bool o_proj_bias = false;    // o_proj bias (Llama/Qwen3 attention_bias)

@@ -1,36 +1,15 @@
 // The decoder forward pass (Llama family) and the MTP draft step, batched over all tokens of a
-// step. Both run their decoder blocks through models/decoder_layer.h.
+// step and written once against the backend's op set. Both run their decoder blocks through
+// models/decoder_layer.h.
 #include "models/prepared_model.h"
 
 #include <algorithm>
-#include <cmath>
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
-#include "kernels/cpu/ops.h"
 
 namespace kiln {
 namespace {
-
-// Step-level buffers reused across steps by each calling thread (one step loop per model); the
-// per-layer ones are in DecoderScratch.
-struct Workspace {
-  std::vector<float> residual, selected, embedded, concat;
-
-  static Workspace& ForThisThread() {
-    thread_local Workspace workspace;
-    return workspace;
-  }
-};
-
-void Resize(std::vector<float>& buffer, int64_t n) {
-  if (buffer.size() < static_cast<size_t>(n)) buffer.resize(static_cast<size_t>(n));
-}
-
-// Rows whose logits a chunk asked for (all, or its last), offset by the chunk's first row.
-void SelectRows(int64_t first_row, int64_t n, bool all, std::vector<int64_t>& selected) {
-  for (int64_t t = all ? 0 : n - 1; t < n; ++t) selected.push_back(first_row + t);
-}
 
 absl::Status CheckContext(const ModelConfig& config, int64_t capacity) {
   int64_t limit = config.max_position_embeddings;
@@ -42,8 +21,11 @@ absl::Status CheckContext(const ModelConfig& config, int64_t capacity) {
   return absl::OkStatus();
 }
 
-void AdvanceCaches(std::span<const DecoderRows> rows) {
-  for (const DecoderRows& seq : rows) seq.cache->set_length(seq.cache->length() + seq.count);
+// Appends `rows` rows of `cols` floats from `src` (backend memory) to `out`.
+absl::Status AppendToHost(ExecutionContext& ctx, const TensorView& src, std::vector<float>* out) {
+  const size_t offset = out->size();
+  out->resize(offset + static_cast<size_t>(src.elements()));
+  return ctx.CopyToHost(src, out->data() + offset);
 }
 
 }  // namespace
@@ -52,126 +34,80 @@ size_t PreparedModel::mtp_bytes() const {
   size_t total = 0;
   for (const MtpHead& head : mtp_heads_) {
     total += head.block.bytes() + head.proj->packed_bytes() +
-             (head.embedding_norm.size() + head.hidden_norm.size() + head.final_norm.size()) * 4;
+             static_cast<size_t>(head.embedding_norm.elements() + head.hidden_norm.elements() +
+                                 head.final_norm.elements()) *
+                 sizeof(float);
   }
   return total;
 }
 
 size_t PreparedModel::weight_bytes() const {
-  size_t total = embedding_.bytes() + lm_head_->packed_bytes() + final_norm_.size() * 4;
+  size_t total = embedding_.span_bytes() + lm_head_->packed_bytes() + final_norm_.span_bytes() +
+                 rope_inv_freq_.span_bytes();
   for (const Layer& layer : layers_) total += layer.bytes();
   return total + mtp_bytes();
 }
 
 size_t PreparedModel::bytes_streamed_per_token() const {
-  return weight_bytes() - mtp_bytes() - embedding_.bytes() +
+  return weight_bytes() - mtp_bytes() - embedding_.span_bytes() +
          static_cast<size_t>(config_.hidden_size) * DTypeSize(embedding_.dtype);
 }
 
 absl::StatusOr<KvCache> PreparedModel::NewCache(int64_t capacity) const {
   KILN_RETURN_IF_ERROR(CheckContext(config_, capacity));
-  return KvCache::Create(config_, capacity);
+  return KvCache::Create(*backend_, config_.num_hidden_layers, config_.kv_dim(), capacity);
 }
 
 absl::StatusOr<KvCache> PreparedModel::NewMtpCache(int64_t capacity) const {
   if (mtp_heads_.empty()) return absl::FailedPreconditionError("the model has no MTP heads");
   KILN_RETURN_IF_ERROR(CheckContext(config_, capacity));
-  ModelConfig one_layer = config_;
-  one_layer.num_hidden_layers = 1;
-  return KvCache::Create(one_layer, capacity);
+  return KvCache::Create(*backend_, /*layers=*/1, config_.kv_dim(), capacity);
 }
 
-absl::StatusOr<int64_t> PreparedModel::AddRows(KvCache* cache, std::span<const int32_t> tokens,
-                                               std::vector<DecoderRows>& rows) const {
+absl::Status PreparedModel::CheckChunk(std::span<const Chunk> chunks, size_t index,
+                                       int64_t cache_layers) const {
+  const Chunk& chunk = chunks[index];
+  KvCache* cache = chunk.cache;
   if (cache == nullptr) return absl::InvalidArgumentError("sequence without a KV cache");
-  for (const DecoderRows& earlier : rows) {
-    if (earlier.cache == cache) {
+  for (size_t earlier = 0; earlier < index; ++earlier) {
+    if (chunks[earlier].cache == cache) {
       return absl::InvalidArgumentError("two chunks of one step share a KV cache");
     }
   }
-  if (tokens.empty()) return absl::InvalidArgumentError("sequence chunk with no tokens");
-  const int64_t n = static_cast<int64_t>(tokens.size());
+  if (cache->kv_dim() != config_.kv_dim() || cache->layers() != cache_layers ||
+      !(cache->device() == backend_->device())) {
+    return absl::InvalidArgumentError(absl::StrCat(cache_layers == 1 ? "MTP chunk's" : "sequence's",
+                                                   " KV cache was not made by this model"));
+  }
+  if (chunk.tokens.empty()) return absl::InvalidArgumentError("sequence chunk with no tokens");
+  const int64_t n = static_cast<int64_t>(chunk.tokens.size());
   if (cache->length() + n > cache->capacity()) {
     return absl::OutOfRangeError(absl::StrCat("sequence of ", cache->length() + n,
                                               " tokens exceeds its KV cache capacity of ",
                                               cache->capacity()));
   }
-  for (int32_t token : tokens) {
+  for (int32_t token : chunk.tokens) {
     if (token < 0 || token >= config_.vocab_size) {
       return absl::InvalidArgumentError(absl::StrCat(
           "token id ", token, " is outside the vocabulary [0, ", config_.vocab_size, ")"));
     }
   }
-  rows.push_back({cache, n});
-  return n;
-}
-
-absl::Status PreparedModel::NormAndLogits(const float* x, int64_t total,
-                                          const std::vector<float>& norm,
-                                          std::span<const int64_t> selected_rows,
-                                          std::vector<float>* logits,
-                                          std::vector<float>* normed_out) const {
-  const int64_t hidden = config_.hidden_size;
-  const float eps = static_cast<float>(config_.rms_norm_eps);
-  const int64_t selected = static_cast<int64_t>(selected_rows.size());
-  Workspace& ws = Workspace::ForThisThread();
-  Resize(ws.selected, selected * hidden);
-  if (normed_out != nullptr) {
-    // Every row normalized once; the logits rows are copied from them, so that the logits do
-    // not depend on whether hidden states were asked for.
-    const size_t offset = normed_out->size();
-    normed_out->resize(offset + static_cast<size_t>(total * hidden));
-    float* normed = normed_out->data() + offset;
-    cpu::RmsNorm(x, hidden, norm.data(), total, hidden, eps, normed, hidden);
-    for (int64_t i = 0; i < selected; ++i) {
-      const float* src = normed + selected_rows[static_cast<size_t>(i)] * hidden;
-      std::copy(src, src + hidden, ws.selected.data() + i * hidden);
-    }
-  } else {
-    for (int64_t i = 0; i < selected; ++i) {
-      cpu::RmsNorm(x + selected_rows[static_cast<size_t>(i)] * hidden, hidden, norm.data(), 1,
-                   hidden, eps, ws.selected.data() + i * hidden, hidden);
-    }
-  }
-  const size_t offset = logits->size();
-  logits->resize(offset + static_cast<size_t>(selected * config_.vocab_size));
-  return lm_head_->Forward(ws.selected.data(), selected, logits->data() + offset);
+  return absl::OkStatus();
 }
 
 absl::Status PreparedModel::Forward(std::span<const SequenceChunk> chunks,
                                     std::vector<float>* logits,
                                     std::vector<float>* hidden_out) const {
-  const int64_t hidden = config_.hidden_size;
-  std::vector<DecoderRows> rows;
-  std::vector<int64_t> selected;
-  int64_t total = 0;
+  std::vector<Chunk> planned;
+  planned.reserve(chunks.size());
   for (const SequenceChunk& chunk : chunks) {
-    KILN_ASSIGN_OR_RETURN(int64_t n, AddRows(chunk.cache, chunk.tokens, rows));
-    SelectRows(total, n, chunk.all_logits, selected);
-    total += n;
+    planned.push_back({chunk.cache, chunk.tokens, {}, chunk.all_logits});
   }
-  if (total == 0) return absl::OkStatus();
-
-  Workspace& ws = Workspace::ForThisThread();
-  DecoderScratch& scratch = DecoderScratch::ForThisThread();
-  scratch.Prepare(config_, rows, total);
-  Resize(ws.residual, total * hidden);
-  float* x = ws.residual.data();
-  {
-    int64_t row = 0;
-    for (const SequenceChunk& chunk : chunks) {
-      const int64_t n = static_cast<int64_t>(chunk.tokens.size());
-      cpu::EmbeddingLookup(embedding_, chunk.tokens.data(), n, x + row * hidden);
-      row += n;
-    }
+  for (size_t i = 0; i < planned.size(); ++i) {
+    KILN_RETURN_IF_ERROR(CheckChunk(planned, i, config_.num_hidden_layers));
   }
-  for (size_t l = 0; l < layers_.size(); ++l) {
-    KILN_RETURN_IF_ERROR(RunDecoderLayer(config_, layers_[l], *rope_, static_cast<int64_t>(l), rows,
-                                         total, x, scratch));
-  }
-  AdvanceCaches(rows);
-  // Final norm and logits only for the rows that asked for them.
-  return NormAndLogits(x, total, final_norm_, selected, logits, hidden_out);
+  absl::MutexLock lock(&mutex_);
+  return Run(planned, nullptr, logits, hidden_out);
 }
 
 absl::Status PreparedModel::MtpForward(int head_index, std::span<const MtpChunk> chunks,
@@ -181,61 +117,134 @@ absl::Status PreparedModel::MtpForward(int head_index, std::span<const MtpChunk>
     return absl::InvalidArgumentError(
         absl::StrCat("MTP head ", head_index, " does not exist (", num_mtp_heads(), " heads)"));
   }
-  const MtpHead& head = mtp_heads_[static_cast<size_t>(head_index)];
   const int64_t hidden = config_.hidden_size;
-  std::vector<DecoderRows> rows;
-  std::vector<int64_t> selected;
-  int64_t total = 0;
+  std::vector<Chunk> planned;
+  planned.reserve(chunks.size());
   for (const MtpChunk& chunk : chunks) {
-    KILN_ASSIGN_OR_RETURN(int64_t n, AddRows(chunk.cache, chunk.tokens, rows));
-    if (chunk.cache->kv_dim() != config_.kv_dim()) {
-      return absl::InvalidArgumentError("MTP chunk's KV cache was not made by this model");
-    }
-    if (static_cast<int64_t>(chunk.hidden.size()) != n * hidden) {
+    planned.push_back({chunk.cache, chunk.tokens, chunk.hidden, chunk.all_logits});
+  }
+  for (size_t i = 0; i < planned.size(); ++i) {
+    KILN_RETURN_IF_ERROR(CheckChunk(planned, i, /*cache_layers=*/1));
+    const int64_t n = static_cast<int64_t>(planned[i].tokens.size());
+    if (static_cast<int64_t>(planned[i].hidden.size()) != n * hidden) {
       return absl::InvalidArgumentError(absl::StrCat("MTP chunk of ", n, " tokens needs ",
                                                      n * hidden, " hidden values, got ",
-                                                     chunk.hidden.size()));
+                                                     planned[i].hidden.size()));
     }
-    SelectRows(total, n, chunk.all_logits, selected);
-    total += n;
   }
-  if (total == 0) return absl::OkStatus();
+  absl::MutexLock lock(&mutex_);
+  return Run(planned, &mtp_heads_[static_cast<size_t>(head_index)], logits, hidden_out);
+}
 
-  Workspace& ws = Workspace::ForThisThread();
-  DecoderScratch& scratch = DecoderScratch::ForThisThread();
-  scratch.Prepare(config_, rows, total);
-  Resize(ws.embedded, total * hidden);
-  Resize(ws.concat, total * 2 * hidden);
-  Resize(ws.residual, total * hidden);
-  const float eps = static_cast<float>(config_.rms_norm_eps);
-  // concat(norm_e(e), norm_h(h)), or the reverse order (MiMo), one row per token.
-  const int64_t e_col = head.info.hidden_first ? hidden : 0;
-  const int64_t h_col = head.info.hidden_first ? 0 : hidden;
-  {
-    int64_t row = 0;
-    for (const MtpChunk& chunk : chunks) {
-      const int64_t n = static_cast<int64_t>(chunk.tokens.size());
-      float* e = ws.embedded.data() + row * hidden;
-      cpu::EmbeddingLookup(embedding_, chunk.tokens.data(), n, e);
-      if (head.info.zero_embedding_at_start && chunk.cache->length() == 0) {
-        std::fill(e, e + hidden, 0.0f);
+// Rows are taken in chunk order and cut into sub-steps at the capacity; a chunk cut in two runs
+// its second piece after the first one's keys and values are cached, which is what one step
+// computes too (causal attention reads only earlier positions).
+absl::Status PreparedModel::Run(std::span<const Chunk> chunks, const MtpHead* head,
+                                std::vector<float>* logits, std::vector<float>* hidden_out) const {
+  std::vector<Piece> pieces;
+  size_t next = 0;
+  int64_t offset = 0;  // of chunks[next]
+  while (next < chunks.size()) {
+    step_.Clear();
+    pieces.clear();
+    int64_t rows = 0;
+    while (next < chunks.size() && rows < capacity_.max_rows &&
+           static_cast<int64_t>(pieces.size()) < capacity_.max_sequences) {
+      const Chunk& chunk = chunks[next];
+      const int64_t total = static_cast<int64_t>(chunk.tokens.size());
+      const int64_t take = std::min(total - offset, capacity_.max_rows - rows);
+      const int64_t first_row = rows;
+      step_.AddSequence(chunk.tokens.data() + offset, take, chunk.cache->length(),
+                        chunk.cache->ref());
+      for (int64_t t = chunk.all_logits ? 0 : total - 1 - offset; t < take; ++t) {
+        step_.gather_rows.push_back(static_cast<int32_t>(first_row + t));
       }
-      float* out = ws.concat.data() + row * 2 * hidden;
-      cpu::RmsNorm(e, hidden, head.embedding_norm.data(), n, hidden, eps, out + e_col, 2 * hidden);
-      cpu::RmsNorm(chunk.hidden.data(), hidden, head.hidden_norm.data(), n, hidden, eps,
-                   out + h_col, 2 * hidden);
-      row += n;
+      pieces.push_back({&chunk, offset, take});
+      rows += take;
+      offset += take;
+      if (offset == total) {
+        ++next;
+        offset = 0;
+      }
+    }
+    KILN_RETURN_IF_ERROR(RunSubStep(pieces, head, logits, hidden_out));
+    for (const Piece& piece : pieces) {
+      piece.chunk->cache->set_length(piece.chunk->cache->length() + piece.rows);
     }
   }
-  float* x = ws.residual.data();
-  KILN_RETURN_IF_ERROR(head.proj->Forward(ws.concat.data(), total, x));
-  KILN_RETURN_IF_ERROR(RunDecoderLayer(config_, head.block, *rope_, 0, rows, total, x, scratch));
-  AdvanceCaches(rows);
-  if (hidden_out != nullptr && !head.info.next_hidden_normed) {
-    hidden_out->insert(hidden_out->end(), x, x + total * hidden);
+  return absl::OkStatus();
+}
+
+absl::Status PreparedModel::RunSubStep(std::span<const Piece> pieces, const MtpHead* head,
+                                       std::vector<float>* logits,
+                                       std::vector<float>* hidden_out) const {
+  ExecutionContext& ctx = *context_;
+  KILN_RETURN_IF_ERROR(ctx.BeginStep(step_));
+  const int64_t rows = step_.rows();
+  const int64_t hidden = config_.hidden_size;
+  const TensorView x = buffers_.residual.Rows(0, rows);
+  if (head == nullptr) {
+    KILN_RETURN_IF_ERROR(ctx.Embed(embedding_, {}, x));
+    for (size_t l = 0; l < layers_.size(); ++l) {
+      KILN_RETURN_IF_ERROR(RunDecoderLayer(ctx, config_, layers_[l], rope_inv_freq_,
+                                           static_cast<int64_t>(l), buffers_));
+    }
+    return NormAndLogits(x, final_norm_, logits, hidden_out);
+  }
+
+  // MTP draft step (docs/mtp.md): x = proj(concat(norm_e(e), norm_h(h))), MiMo the other way
+  // round; then the head's block, then its final norm and the main LM head.
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  const TensorView embedded = buffers_.embedded.Rows(0, rows);
+  const TensorView hidden_in = buffers_.hidden_in.Rows(0, rows);
+  const TensorView concat = buffers_.concat.Rows(0, rows);
+  KILN_RETURN_IF_ERROR(ctx.Embed(
+      embedding_, {.zero_at_position_zero = head->info.zero_embedding_at_start}, embedded));
+  int64_t row = 0;
+  for (const Piece& piece : pieces) {
+    const float* h = piece.chunk->hidden.data() + piece.offset * hidden;
+    KILN_RETURN_IF_ERROR(ctx.CopyFromHost(h, hidden_in.Rows(row, piece.rows)));
+    row += piece.rows;
+  }
+  const int64_t e_col = head->info.hidden_first ? hidden : 0;
+  const int64_t h_col = head->info.hidden_first ? 0 : hidden;
+  KILN_RETURN_IF_ERROR(
+      ctx.RmsNorm(embedded, head->embedding_norm, eps, concat.Cols(e_col, hidden)));
+  KILN_RETURN_IF_ERROR(ctx.RmsNorm(hidden_in, head->hidden_norm, eps, concat.Cols(h_col, hidden)));
+  KILN_RETURN_IF_ERROR(ctx.Linear(*head->proj, concat, x));
+  KILN_RETURN_IF_ERROR(RunDecoderLayer(ctx, config_, head->block, rope_inv_freq_, 0, buffers_));
+  if (hidden_out != nullptr && !head->info.next_hidden_normed) {
+    // DeepSeek: a further draft step reads h' before the head's final norm.
+    KILN_RETURN_IF_ERROR(AppendToHost(ctx, x, hidden_out));
     hidden_out = nullptr;
   }
-  return NormAndLogits(x, total, head.final_norm, selected, logits, hidden_out);
+  return NormAndLogits(x, head->final_norm, logits, hidden_out);
+}
+
+absl::Status PreparedModel::NormAndLogits(const TensorView& x, const TensorView& norm,
+                                          std::vector<float>* logits,
+                                          std::vector<float>* normed_out) const {
+  ExecutionContext& ctx = *context_;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  TensorView source = x;
+  if (normed_out != nullptr) {
+    // Every row normalized once; the logits rows are gathered from them, so that the logits do
+    // not depend on whether hidden states were asked for.
+    source = buffers_.normed.Rows(0, x.rows);
+    KILN_RETURN_IF_ERROR(ctx.RmsNorm(x, norm, eps, source));
+    KILN_RETURN_IF_ERROR(AppendToHost(ctx, source, normed_out));
+  }
+  const int64_t wanted = static_cast<int64_t>(step_.gather_rows.size());
+  for (int64_t first = 0; first < wanted; first += capacity_.max_logits_rows) {
+    const int64_t count = std::min(capacity_.max_logits_rows, wanted - first);
+    const TensorView selected = buffers_.selected.Rows(0, count);
+    KILN_RETURN_IF_ERROR(ctx.GatherRows(source, first, count, selected));
+    if (normed_out == nullptr) KILN_RETURN_IF_ERROR(ctx.RmsNorm(selected, norm, eps, selected));
+    const TensorView out = buffers_.logits.Rows(0, count);
+    KILN_RETURN_IF_ERROR(ctx.Linear(*lm_head_, selected, out));
+    KILN_RETURN_IF_ERROR(AppendToHost(ctx, out, logits));
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kiln

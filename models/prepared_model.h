@@ -1,5 +1,7 @@
 // PreparedModel: a model whose weights went through PostLoad. It is the only type with a
-// forward pass, and only models/lifecycle.h can make one (design.md §1, invariant 1).
+// forward pass, and only models/lifecycle.h can make one (design.md §1, invariant 1). Its forward
+// is written once against the backend's op set (kernels/backend.h) and runs on whichever backend
+// PostLoad prepared it for.
 #pragma once
 
 #include <cstdint>
@@ -8,14 +10,16 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
-#include "kernels/cpu/ops.h"
 #include "models/decoder_layer.h"
 #include "models/kv_cache.h"
 #include "models/load_report.h"
 #include "models/model_config.h"
 #include "models/mtp.h"
+#include "models/step_buffers.h"
 #include "models/weight_source.h"
 
 namespace kiln {
@@ -60,21 +64,32 @@ class PreparedModel {
   const SourceProvenance& provenance() const { return source_.provenance(); }
   // The records the model was built from (kept alive; `kiln tensorize` writes them out again).
   const WeightSource& source() const { return source_; }
+  // The backend it runs on ("cpu") and what that backend runs ("oneDNN 2.6.3 brgemm ...").
   absl::string_view backend_name() const { return backend_->name(); }
+  std::string backend_description() const { return backend_->description(); }
   DType compute_dtype() const { return compute_dtype_; }
   int64_t parameter_count() const { return parameter_count_; }
-  // Bytes the model holds for its forward pass: packed weights, norms, the embedding table (MTP
-  // heads included).
+  // Bytes the model holds for its forward pass: packed weights, norms, the embedding table, the
+  // RoPE table (MTP heads included).
   size_t weight_bytes() const;
+  // Bytes of the execution context's activation arena (sized once, at PostLoad).
+  size_t scratch_bytes() const { return scratch_bytes_; }
+  // Whether the embedding is read in place from the checkpoint's memory (backends that read host
+  // memory) rather than from a copy PostLoad made.
+  bool embedding_zero_copy() const { return embedding_zero_copy_; }
+  const StepCapacity& step_capacity() const { return capacity_; }
   // Bytes read from memory per decoded token at batch 1 by Forward (packed weights + one
   // embedding row; MTP heads excluded).
   size_t bytes_streamed_per_token() const;
   StageTimings& timings() { return timings_; }
   const StageTimings& timings() const { return timings_; }
 
+  // A KV cache for one sequence, in the backend's memory.
   absl::StatusOr<KvCache> NewCache(int64_t capacity) const;
 
-  // Runs all chunks as one batched step: every GEMM covers the tokens of all chunks.
+  // Runs all chunks as one batched step: every GEMM covers the tokens of all chunks (a step
+  // larger than step_capacity() runs as several sub-steps, with the same results). Calls are
+  // serialized: the model has one execution context.
   // Appends to `logits` one row of vocab_size floats per requested position, in chunk order.
   // When `hidden` is given, also appends the last hidden state after the final norm (the input
   // of the LM head; what MTP draft heads read) for every new token of every chunk, in chunk
@@ -112,22 +127,40 @@ class PreparedModel {
   using Layer = DecoderLayerWeights;
   struct MtpHead {
     MtpHeadInfo info;
-    std::vector<float> embedding_norm, hidden_norm, final_norm;
+    TensorView embedding_norm, hidden_norm, final_norm;
     std::unique_ptr<PackedLinear> proj;  // [hidden, 2·hidden]
     Layer block;
+  };
+  // One sequence's part of a step, main forward or MTP draft step alike.
+  struct Chunk {
+    KvCache* cache = nullptr;
+    std::span<const int32_t> tokens;
+    std::span<const float> hidden;  // MTP: tokens.size() rows of h_p
+    bool all_logits = false;
   };
 
   // Bytes of the MTP heads' packed weights and norms (held, not streamed by the main forward).
   size_t mtp_bytes() const;
-  // Checks the chunks of one step (tokens in range, distinct caches with room) and appends their
-  // rows to `rows`; returns the number of rows.
-  absl::StatusOr<int64_t> AddRows(KvCache* cache, std::span<const int32_t> tokens,
-                                  std::vector<DecoderRows>& rows) const;
-  // Applies `norm` to the rows of `x` listed in `selected` and the LM head to them (appending to
-  // `logits`); when `normed_out` is given, normalizes all `total` rows into it first.
-  absl::Status NormAndLogits(const float* x, int64_t total, const std::vector<float>& norm,
-                             std::span<const int64_t> selected, std::vector<float>* logits,
-                             std::vector<float>* normed_out) const;
+  // Checks one chunk (a cache of this model with room, tokens in the vocabulary, a cache used by
+  // no earlier chunk of `chunks`).
+  absl::Status CheckChunk(std::span<const Chunk> chunks, size_t index, int64_t cache_layers) const;
+  // Runs the chunks (`head` null: the main model) as sub-steps that fit the step capacity.
+  absl::Status Run(std::span<const Chunk> chunks, const MtpHead* head, std::vector<float>* logits,
+                   std::vector<float>* hidden_out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // One sub-step: step_ holds its metadata; `pieces` say which rows of which chunk it covers.
+  struct Piece {
+    const Chunk* chunk;
+    int64_t offset;  // first token of the chunk in this sub-step
+    int64_t rows;
+  };
+  absl::Status RunSubStep(std::span<const Piece> pieces, const MtpHead* head,
+                          std::vector<float>* logits, std::vector<float>* hidden_out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // Final norm and LM head of the sub-step's rows of `x` that want logits (appended to
+  // `logits`); when `normed_out` is given, every row is normalized and appended to it first.
+  absl::Status NormAndLogits(const TensorView& x, const TensorView& norm,
+                             std::vector<float>* logits, std::vector<float>* normed_out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
   ModelConfig config_;
   LoadReport report_;
@@ -135,13 +168,23 @@ class PreparedModel {
   DType compute_dtype_ = DType::kF32;
   int64_t parameter_count_ = 0;
   std::shared_ptr<Backend> backend_;
-  WeightSource source_;   // keeps the embedding table's bytes alive (zero-copy where mapped)
-  WeightView embedding_;  // [vocab, hidden] in its stored dtype
-  std::vector<float> final_norm_;
+  WeightSource source_;  // keeps the checkpoint's bytes alive (read in place where zero-copy)
+  // Everything below lives in memory PostLoad prepared on the backend, owned by `weights_`.
+  PreparedWeights weights_;
+  TensorView embedding_;  // [vocab, hidden] in its stored dtype
+  bool embedding_zero_copy_ = false;
+  TensorView final_norm_;
+  TensorView rope_inv_freq_;  // [1, head_dim / 2]
   std::unique_ptr<PackedLinear> lm_head_;
   std::vector<Layer> layers_;
   std::vector<MtpHead> mtp_heads_;
-  std::unique_ptr<cpu::RopeTable> rope_;
+
+  StepCapacity capacity_;
+  size_t scratch_bytes_ = 0;
+  mutable absl::Mutex mutex_;
+  std::unique_ptr<ExecutionContext> context_ ABSL_PT_GUARDED_BY(mutex_);
+  StepBuffers buffers_;                                // views into context_'s arena
+  mutable StepMetadata step_ ABSL_GUARDED_BY(mutex_);  // built per sub-step, memory reused
 };
 
 }  // namespace kiln

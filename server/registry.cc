@@ -13,6 +13,7 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "engine/mtp_draft_source.h"
+#include "kernels/backend_registry.h"
 #include "loaders/load_model.h"
 
 namespace kiln {
@@ -134,7 +135,7 @@ absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(RegistryOpt
       roots.push_back(std::move(canonical));
     }
   }
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateCpuBackend());
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("cpu"));
   if (roots.empty()) {
     LOG(WARNING) << "no model roots configured: LoadModel is refused (pass --model-root DIR)";
   } else {

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
-#include <numbers>
 
 namespace kiln::cpu {
 namespace {
@@ -13,59 +12,49 @@ constexpr int64_t kParallelElements = 1 << 15;
 
 }  // namespace
 
-void RmsNorm(const float* x, int64_t x_stride, const float* weight, int64_t rows, int64_t dim,
-             float eps, float* y, int64_t y_stride) {
+void RmsNorm(const float* x, int64_t x_stride, const float* weight, int64_t rows, int64_t cols,
+             int64_t group, float eps, float* y, int64_t y_stride) {
+  const int64_t groups = cols / group;
+  const int64_t n = rows * groups;
+#pragma omp parallel for schedule(static) if (n > 1 && rows * cols >= kParallelElements)
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t r = i / groups;
+    const int64_t g = i % groups;
+    const float* xr = x + r * x_stride + g * group;
+    float* yr = y + r * y_stride + g * group;
+    float sum_sq = 0.0f;
+#pragma omp simd reduction(+ : sum_sq)
+    for (int64_t j = 0; j < group; ++j) sum_sq += xr[j] * xr[j];
+    // As Hugging Face: x * rsqrt(mean(x²) + eps), then times the weight, all in fp32.
+    const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(group) + eps);
+#pragma omp simd
+    for (int64_t j = 0; j < group; ++j) yr[j] = weight[j] * (xr[j] * inv_rms);
+  }
+}
+
+void AddRmsNorm(float* residual, int64_t residual_stride, const float* delta, int64_t delta_stride,
+                const float* weight, int64_t rows, int64_t dim, float eps, float* y,
+                int64_t y_stride) {
 #pragma omp parallel for schedule(static) if (rows > 1 && rows * dim >= kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
-    const float* xr = x + r * x_stride;
+    float* xr = residual + r * residual_stride;
+    const float* dr = delta + r * delta_stride;
     float* yr = y + r * y_stride;
     float sum_sq = 0.0f;
 #pragma omp simd reduction(+ : sum_sq)
-    for (int64_t i = 0; i < dim; ++i) sum_sq += xr[i] * xr[i];
-    // As Hugging Face: x * rsqrt(mean(x²) + eps), then times the weight, all in fp32.
+    for (int64_t i = 0; i < dim; ++i) {
+      xr[i] += dr[i];
+      sum_sq += xr[i] * xr[i];
+    }
     const float inv_rms = 1.0f / std::sqrt(sum_sq / static_cast<float>(dim) + eps);
 #pragma omp simd
     for (int64_t i = 0; i < dim; ++i) yr[i] = weight[i] * (xr[i] * inv_rms);
   }
 }
 
-// Follows transformers' _compute_default_rope_parameters and _compute_llama3_parameters op by
-// op in fp32 (torch evaluates `scalar / tensor` as reciprocal(tensor) * scalar).
-RopeTable::RopeTable(int64_t head_dim, double theta, const RopeScaling& scaling)
-    : head_dim_(head_dim), inv_freq_(static_cast<size_t>(head_dim / 2)) {
-  const float base = static_cast<float>(theta);
-  const float dim = static_cast<float>(head_dim);
-  for (int64_t i = 0; i < head_dim / 2; ++i) {
-    const float exponent = static_cast<float>(2 * i) / dim;
-    inv_freq_[i] = 1.0f / std::pow(base, exponent);
-  }
-  if (!scaling.llama3) return;
-  const float factor = static_cast<float>(scaling.factor);
-  const float low = static_cast<float>(scaling.low_freq_factor);
-  const double old_context = scaling.original_max_position_embeddings;
-  const float low_freq_wavelen = static_cast<float>(old_context / scaling.low_freq_factor);
-  const float high_freq_wavelen = static_cast<float>(old_context / scaling.high_freq_factor);
-  const float two_pi = static_cast<float>(2.0 * std::numbers::pi);
-  const float high_minus_low =
-      static_cast<float>(scaling.high_freq_factor - scaling.low_freq_factor);
-  for (float& inv : inv_freq_) {
-    const float wavelen = (1.0f / inv) * two_pi;
-    if (wavelen < high_freq_wavelen) continue;  // high frequency: kept
-    if (wavelen > low_freq_wavelen) {           // low frequency: scaled down
-      inv = inv / factor;
-      continue;
-    }
-    const float smooth =
-        ((1.0f / wavelen) * static_cast<float>(old_context) - low) / high_minus_low;
-    inv = (1.0f - smooth) * inv / factor + smooth * inv;
-  }
-}
-
-void ApplyRope(float* x, int64_t n_tokens, int64_t row_stride, int64_t n_heads,
-               const int32_t* positions, const RopeTable& table) {
-  const int64_t head_dim = table.head_dim();
+void ApplyRope(float* x, int64_t n_tokens, int64_t row_stride, int64_t n_heads, int64_t head_dim,
+               const int32_t* positions, const float* inv_freq) {
   const int64_t half = head_dim / 2;
-  const float* inv_freq = table.inv_freq().data();
 #pragma omp parallel if (n_tokens > 1 && n_tokens * n_heads * head_dim >= kParallelElements)
   {
     std::vector<float> cos(static_cast<size_t>(half));
@@ -96,29 +85,42 @@ void ApplyRope(float* x, int64_t n_tokens, int64_t row_stride, int64_t n_heads,
   }
 }
 
-void SiluMul(const float* gate_up, int64_t rows, int64_t inter, float* out) {
+void SiluMul(const float* gate_up, int64_t gate_up_stride, int64_t rows, int64_t inter, float* out,
+             int64_t out_stride) {
 #pragma omp parallel for collapse(2) schedule(static) if (rows * inter >= kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < inter; ++i) {
-      const float g = gate_up[r * 2 * inter + i];
-      const float u = gate_up[r * 2 * inter + inter + i];
-      out[r * inter + i] = g / (1.0f + std::exp(-g)) * u;
+      const float g = gate_up[r * gate_up_stride + i];
+      const float u = gate_up[r * gate_up_stride + inter + i];
+      out[r * out_stride + i] = g / (1.0f + std::exp(-g)) * u;
     }
   }
 }
 
-void AddInPlace(float* y, const float* x, int64_t n) {
+void Add(float* y, int64_t y_stride, const float* x, int64_t x_stride, int64_t rows, int64_t cols) {
+  if ((y_stride == cols && x_stride == cols) || rows == 1) {
+    const int64_t n = rows * cols;
 #pragma omp parallel for simd schedule(static) if (n >= 4 * kParallelElements)
-  for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+    for (int64_t i = 0; i < n; ++i) y[i] += x[i];
+    return;
+  }
+#pragma omp parallel for schedule(static) if (rows * cols >= 4 * kParallelElements)
+  for (int64_t r = 0; r < rows; ++r) {
+    float* yr = y + r * y_stride;
+    const float* xr = x + r * x_stride;
+#pragma omp simd
+    for (int64_t i = 0; i < cols; ++i) yr[i] += xr[i];
+  }
 }
 
-void EmbeddingLookup(const WeightView& table, const int32_t* ids, int64_t n, float* out) {
+void EmbeddingLookup(const WeightView& table, const int32_t* ids, int64_t n, float* out,
+                     int64_t out_stride) {
   const int64_t cols = table.cols;
   const size_t row_bytes = static_cast<size_t>(cols) * DTypeSize(table.dtype);
 #pragma omp parallel for schedule(static) if (n * cols >= kParallelElements)
   for (int64_t i = 0; i < n; ++i) {
     ConvertToF32(table.dtype, table.data + static_cast<size_t>(ids[i]) * row_bytes, cols,
-                 out + i * cols);
+                 out + i * out_stride);
   }
 }
 

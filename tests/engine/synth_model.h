@@ -8,7 +8,7 @@
 #include "absl/status/statusor.h"
 #include "base/status_macros.h"
 #include "clients/synth.h"
-#include "kernels/backend.h"
+#include "kernels/backend_registry.h"
 #include "loaders/load_model.h"
 
 namespace kiln::testing_util {
@@ -17,7 +17,7 @@ inline absl::StatusOr<std::unique_ptr<PreparedModel>> WriteAndLoad(const std::fi
                                                                    const ModelConfig& config,
                                                                    const SynthOptions& options) {
   KILN_RETURN_IF_ERROR(WriteSynthCheckpoint(dir, config, options));
-  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateCpuBackend());
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend("cpu"));
   return LoadModel(dir, std::shared_ptr<Backend>(std::move(backend)));
 }
 

@@ -5,13 +5,13 @@
 #include <memory>
 
 #include "gtest/gtest.h"
-#include "kernels/backend.h"
+#include "kernels/backend_registry.h"
 
 namespace kiln::testing_util {
 
 inline std::shared_ptr<Backend> CpuBackend() {
   static const std::shared_ptr<Backend> backend = [] {
-    absl::StatusOr<std::unique_ptr<Backend>> created = CreateCpuBackend();
+    absl::StatusOr<std::unique_ptr<Backend>> created = CreateBackend("cpu");
     EXPECT_TRUE(created.ok()) << created.status();
     return created.ok() ? std::shared_ptr<Backend>(std::move(*created)) : nullptr;
   }();

@@ -84,7 +84,7 @@ torch::Tensor InvFreq(const ModelConfig& config, torch::ScalarType dtype) {
   torch::Tensor exponent =
       torch::arange(0, dim, 2, torch::kLong).to(dtype) / static_cast<double>(dim);
   torch::Tensor inv_freq = torch::pow(config.rope_theta, exponent).reciprocal();
-  const cpu::RopeScaling& s = config.rope_scaling;
+  const RopeScaling& s = config.rope_scaling;
   if (!s.llama3) return inv_freq;
   const double low_freq_wavelen = s.original_max_position_embeddings / s.low_freq_factor;
   const double high_freq_wavelen = s.original_max_position_embeddings / s.high_freq_factor;

@@ -301,7 +301,7 @@ class LoopModel {
 
   // Meta's Llama 3.1 apply_scaling, written from its piecewise definition.
   std::vector<double> InvFreq(Mutation m) const {
-    const cpu::RopeScaling& s = c_.rope_scaling;
+    const RopeScaling& s = c_.rope_scaling;
     std::vector<double> out;
     for (int64_t i = 0; i < c_.head_dim / 2; ++i) {
       double f =

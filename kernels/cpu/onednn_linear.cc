@@ -1,8 +1,6 @@
-// The oneDNN CPU backend: weights are packed once into the blocked layout oneDNN's brgemm
-// matmul picks for a concrete M (see docs/onednn-2.6.md: 2.6 refuses brgemm for runtime dims),
-// and every call runs a primitive created (and cached) for its concrete M against that layout.
+#include "kernels/cpu/onednn_linear.h"
+
 #include <omp.h>
-#include <sys/mman.h>
 
 #include <algorithm>
 #include <atomic>
@@ -27,9 +25,9 @@
 #include "absl/synchronization/mutex.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
-#include "kernels/backend.h"
+#include "kernels/cpu/host_memory.h"
 
-namespace kiln {
+namespace kiln::cpu {
 namespace {
 
 using dnnl::memory;
@@ -45,33 +43,14 @@ constexpr int64_t kRepresentativeM = 1;
 constexpr int64_t kMaxPrimitiveM = 256;
 // Up to this M, bf16 prefers the AVX-512 brgemm over the AMX one (see PrimitiveCache::Create).
 constexpr int64_t kPreferAvx512MaxM = 4;
-constexpr size_t kAlignment = 64;
 
 // ---- Aligned buffers -------------------------------------------------------------------------
 
-struct FreeDeleter {
-  void operator()(std::byte* p) const { std::free(p); }
-};
-using AlignedBytes = std::unique_ptr<std::byte, FreeDeleter>;
-
-size_t RoundUp(size_t bytes) { return std::max<size_t>(kAlignment, (bytes + 63) / 64 * 64); }
-
-// Packed weights of a real model are hundreds of MB: 2 MiB pages make first touch (at packing)
-// ~500× fewer page faults and cut TLB misses when decode streams them. The kernel backs such
-// ranges with huge pages only when asked (transparent_hugepage "madvise" mode, the default).
-constexpr size_t kHugePage = size_t{2} << 20;
-
-AlignedBytes AllocAligned(size_t bytes) {
-  if (bytes >= 2 * kHugePage) {
-    const size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
-    void* p = std::aligned_alloc(kHugePage, size);
-    if (p == nullptr) throw std::bad_alloc();
-    ::madvise(p, size, MADV_HUGEPAGE);  // advisory: failure only costs speed
-    return AlignedBytes(static_cast<std::byte*>(p));
-  }
-  void* p = std::aligned_alloc(kAlignment, RoundUp(bytes));
+// Throws std::bad_alloc (packing and forward turn it into ResourceExhausted).
+HostBytes AllocAligned(size_t bytes) {
+  void* p = AllocateHost(bytes);
   if (p == nullptr) throw std::bad_alloc();
-  return AlignedBytes(static_cast<std::byte*>(p));
+  return HostBytes(static_cast<std::byte*>(p));
 }
 
 // A per-thread buffer that only grows.
@@ -80,13 +59,13 @@ class GrowBuffer {
   std::byte* Get(size_t bytes) {
     if (bytes > capacity_ || !data_) {
       data_ = AllocAligned(bytes);
-      capacity_ = RoundUp(bytes);
+      capacity_ = bytes;
     }
     return data_.get();
   }
 
  private:
-  AlignedBytes data_;
+  HostBytes data_;
   size_t capacity_ = 0;
 };
 
@@ -349,7 +328,7 @@ class OneDnnLinear final : public PackedLinear {
 
   // Converts and stacks the blocks into one plain buffer, then reorders that.
   void ReorderThroughPlainCopy(const LinearPackSpec& spec, dnnl::stream& stream) {
-    AlignedBytes plain = AllocAligned(static_cast<size_t>(n_ * k_) * DTypeSize(dtype_));
+    HostBytes plain = AllocAligned(static_cast<size_t>(n_ * k_) * DTypeSize(dtype_));
     size_t offset = 0;
     for (const WeightView& block : spec.row_blocks) {
       ConvertBlock(block, dtype_, plain.get() + offset);
@@ -364,13 +343,14 @@ class OneDnnLinear final : public PackedLinear {
   }
 
   size_t planned_bytes() const { return packed_md_.get_size(); }
+  const std::string& name() const override { return name_; }
   int64_t in_features() const override { return k_; }
   int64_t out_features() const override { return n_; }
   DType compute_dtype() const override { return dtype_; }
   size_t packed_bytes() const override { return packed_bytes_; }
   std::string kernel_name() const override { return kernel_name_; }
 
-  absl::Status Forward(const float* x, int64_t m, float* y) const override {
+  absl::Status Forward(const float* x, int64_t m, float* y) const {
     if (m < 0) return absl::InvalidArgumentError(absl::StrCat(name_, ": negative m ", m));
     if (m == 0) return absl::OkStatus();
     if (x == nullptr || y == nullptr) {
@@ -455,9 +435,9 @@ class OneDnnLinear final : public PackedLinear {
   const dnnl::engine engine_;
   const std::shared_ptr<PrimitiveCache> cache_;
   memory::desc packed_md_;
-  AlignedBytes packed_;
+  HostBytes packed_;
   memory weights_mem_;
-  AlignedBytes bias_;
+  HostBytes bias_;
   memory bias_mem_;
   std::string kernel_name_;
   size_t packed_bytes_ = 0;
@@ -505,106 +485,101 @@ absl::Status ValidateSpec(const LinearPackSpec& spec, int64_t* k, int64_t* n) {
   return absl::OkStatus();
 }
 
-class OneDnnBackend final : public Backend {
- public:
-  explicit OneDnnBackend(dnnl::engine engine)
-      : engine_(std::move(engine)), cache_(std::make_shared<PrimitiveCache>(engine_)) {}
-
-  absl::string_view name() const override { return "onednn-cpu"; }
-
-  absl::StatusOr<std::unique_ptr<PackedLinear>> PackLinear(const LinearPackSpec& spec) override {
-    KILN_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<PackedLinear>> packed,
-                          PackAll(absl::MakeConstSpan(&spec, 1), /*threads=*/1));
-    return std::move(packed.front());
+// Runs `fn`, turning what oneDNN and the allocator throw into a status naming the weight.
+template <typename Fn>
+absl::Status Guarded(const std::string& name, Fn&& fn) {
+  try {
+    fn();
+    return absl::OkStatus();
+  } catch (const dnnl::error& e) {
+    return absl::InternalError(absl::StrCat("PackLinear(", name, "): oneDNN error (status ",
+                                            static_cast<int>(e.status), "): ", e.what()));
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("PackLinear(", name, "): out of memory"));
+  } catch (const std::exception& e) {
+    return absl::InternalError(absl::StrCat("PackLinear(", name, "): ", e.what()));
   }
-
-  absl::StatusOr<std::vector<std::unique_ptr<PackedLinear>>> PackLinears(
-      absl::Span<const LinearPackSpec> specs) override {
-    return PackAll(specs, std::max(1, omp_get_max_threads()));
-  }
-
- private:
-  // Packs every spec: one weight per thread, each packed single-threaded. A model has hundreds
-  // of weights, so this keeps every core busy without an OpenMP barrier per reorder, and the
-  // first-touch page faults on fresh packed memory (the dearest part of packing: the kernel
-  // zeroes every page) run on all cores at once. Largest first, so a big lm_head does not
-  // finish alone at the end.
-  absl::StatusOr<std::vector<std::unique_ptr<PackedLinear>>> PackAll(
-      absl::Span<const LinearPackSpec> specs, int threads) {
-    std::vector<std::unique_ptr<OneDnnLinear>> linears;
-    for (const LinearPackSpec& spec : specs) {
-      int64_t k = 0;
-      int64_t n = 0;
-      KILN_RETURN_IF_ERROR(ValidateSpec(spec, &k, &n));
-      linears.push_back(
-          std::make_unique<OneDnnLinear>(spec.name, k, n, spec.compute_dtype, engine_, cache_));
-      KILN_RETURN_IF_ERROR(Guarded(spec.name, [&] { linears.back()->Plan(spec); }));
-    }
-
-    std::vector<size_t> order(specs.size());
-    std::iota(order.begin(), order.end(), size_t{0});
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return linears[a]->planned_bytes() > linears[b]->planned_bytes();
-    });
-    std::vector<absl::Status> statuses(specs.size());
-    std::atomic<size_t> next{0};
-    std::atomic<bool> failed{false};
-    auto work = [&] {
-      const int saved_threads = omp_get_max_threads();
-      if (threads > 1) omp_set_num_threads(1);
-      while (!failed.load(std::memory_order_relaxed)) {
-        const size_t i = next.fetch_add(1, std::memory_order_relaxed);
-        if (i >= order.size()) break;
-        const size_t at = order[i];
-        statuses[at] = Guarded(specs[at].name, [&] { linears[at]->Pack(specs[at]); });
-        if (!statuses[at].ok()) failed.store(true, std::memory_order_relaxed);
-      }
-      omp_set_num_threads(saved_threads);
-    };
-    std::vector<std::thread> pool;
-    for (size_t t = 1; t < std::min(static_cast<size_t>(threads), specs.size()); ++t) {
-      try {
-        pool.emplace_back(work);
-      } catch (const std::system_error&) {
-        break;  // fewer threads: slower, not wrong
-      }
-    }
-    work();
-    for (std::thread& thread : pool) thread.join();
-    for (const absl::Status& status : statuses) KILN_RETURN_IF_ERROR(status);
-    return std::vector<std::unique_ptr<PackedLinear>>(std::make_move_iterator(linears.begin()),
-                                                      std::make_move_iterator(linears.end()));
-  }
-
-  // Runs `fn`, turning what oneDNN and the allocator throw into a status naming the weight.
-  template <typename Fn>
-  static absl::Status Guarded(const std::string& name, Fn&& fn) {
-    try {
-      fn();
-      return absl::OkStatus();
-    } catch (const dnnl::error& e) {
-      return absl::InternalError(absl::StrCat("PackLinear(", name, "): oneDNN error (status ",
-                                              static_cast<int>(e.status), "): ", e.what()));
-    } catch (const std::bad_alloc&) {
-      return absl::ResourceExhaustedError(absl::StrCat("PackLinear(", name, "): out of memory"));
-    } catch (const std::exception& e) {
-      return absl::InternalError(absl::StrCat("PackLinear(", name, "): ", e.what()));
-    }
-  }
-
-  const dnnl::engine engine_;
-  const std::shared_ptr<PrimitiveCache> cache_;
-};
+}
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend() {
+struct OneDnnPacker::State {
+  dnnl::engine engine;
+  std::shared_ptr<PrimitiveCache> cache;
+};
+
+absl::StatusOr<std::unique_ptr<OneDnnPacker>> OneDnnPacker::Create() {
   try {
-    return std::unique_ptr<Backend>(
-        std::make_unique<OneDnnBackend>(dnnl::engine(dnnl::engine::kind::cpu, 0)));
+    auto state = std::make_unique<State>();
+    state->engine = dnnl::engine(dnnl::engine::kind::cpu, 0);
+    state->cache = std::make_shared<PrimitiveCache>(state->engine);
+    return std::unique_ptr<OneDnnPacker>(new OneDnnPacker(std::move(state)));
   } catch (const dnnl::error& e) {
     return absl::InternalError(absl::StrCat("oneDNN CPU engine: ", e.what()));
   }
 }
 
-}  // namespace kiln
+OneDnnPacker::OneDnnPacker(std::unique_ptr<State> state) : state_(std::move(state)) {}
+OneDnnPacker::~OneDnnPacker() = default;
+
+// One weight per thread, each packed single-threaded. A model has hundreds of weights, so this
+// keeps every core busy without an OpenMP barrier per reorder, and the first-touch page faults on
+// fresh packed memory (the dearest part of packing: the kernel zeroes every page) run on all
+// cores at once. Largest first, so a big lm_head does not finish alone at the end.
+absl::StatusOr<std::vector<std::unique_ptr<PackedLinear>>> OneDnnPacker::Pack(
+    absl::Span<const LinearPackSpec> specs, int threads) {
+  std::vector<std::unique_ptr<OneDnnLinear>> linears;
+  for (const LinearPackSpec& spec : specs) {
+    int64_t k = 0;
+    int64_t n = 0;
+    KILN_RETURN_IF_ERROR(ValidateSpec(spec, &k, &n));
+    linears.push_back(std::make_unique<OneDnnLinear>(spec.name, k, n, spec.compute_dtype,
+                                                     state_->engine, state_->cache));
+    KILN_RETURN_IF_ERROR(Guarded(spec.name, [&] { linears.back()->Plan(spec); }));
+  }
+
+  std::vector<size_t> order(specs.size());
+  std::iota(order.begin(), order.end(), size_t{0});
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    return linears[a]->planned_bytes() > linears[b]->planned_bytes();
+  });
+  std::vector<absl::Status> statuses(specs.size());
+  std::atomic<size_t> next{0};
+  std::atomic<bool> failed{false};
+  auto work = [&] {
+    const int saved_threads = omp_get_max_threads();
+    if (threads > 1) omp_set_num_threads(1);
+    while (!failed.load(std::memory_order_relaxed)) {
+      const size_t i = next.fetch_add(1, std::memory_order_relaxed);
+      if (i >= order.size()) break;
+      const size_t at = order[i];
+      statuses[at] = Guarded(specs[at].name, [&] { linears[at]->Pack(specs[at]); });
+      if (!statuses[at].ok()) failed.store(true, std::memory_order_relaxed);
+    }
+    omp_set_num_threads(saved_threads);
+  };
+  std::vector<std::thread> pool;
+  for (size_t t = 1; t < std::min(static_cast<size_t>(std::max(threads, 1)), specs.size()); ++t) {
+    try {
+      pool.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // fewer threads: slower, not wrong
+    }
+  }
+  work();
+  for (std::thread& thread : pool) thread.join();
+  for (const absl::Status& status : statuses) KILN_RETURN_IF_ERROR(status);
+  return std::vector<std::unique_ptr<PackedLinear>>(std::make_move_iterator(linears.begin()),
+                                                    std::make_move_iterator(linears.end()));
+}
+
+absl::Status RunLinear(const PackedLinear& linear, const float* x, int64_t m, float* y) {
+  const auto* packed = dynamic_cast<const OneDnnLinear*>(&linear);
+  if (packed == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(linear.name(), " was not packed by the CPU backend"));
+  }
+  return packed->Forward(x, m, y);
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,237 @@
+#include "kernels/cpu/cpu_backend.h"
+
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+#include <oneapi/dnnl/dnnl.hpp>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
+#include "kernels/cpu/host_memory.h"
+#include "kernels/cpu/onednn_linear.h"
+#include "kernels/cpu/ops.h"
+
+namespace kiln {
+namespace {
+
+const char* IsaName(dnnl::cpu_isa isa) {
+  switch (isa) {
+    case dnnl::cpu_isa::sse41:
+      return "sse41";
+    case dnnl::cpu_isa::avx:
+      return "avx";
+    case dnnl::cpu_isa::avx2:
+      return "avx2";
+    case dnnl::cpu_isa::avx2_vnni:
+      return "avx2_vnni";
+    case dnnl::cpu_isa::avx512_core:
+      return "avx512_core";
+    case dnnl::cpu_isa::avx512_core_vnni:
+      return "avx512_core_vnni";
+    case dnnl::cpu_isa::avx512_core_bf16:
+      return "avx512_core_bf16";
+    case dnnl::cpu_isa::avx512_core_amx:
+      return "avx512_core_amx";
+    default:
+      return "other";
+  }
+}
+
+// Host memory is the device memory: copies are memcpy, row by row when strided.
+void CopyRows(const std::byte* src, size_t src_stride, std::byte* dst, size_t dst_stride,
+              int64_t rows, size_t row_bytes) {
+  if (src_stride == row_bytes && dst_stride == row_bytes) {
+    std::memcpy(dst, src, row_bytes * static_cast<size_t>(rows));
+    return;
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    std::memcpy(dst + r * dst_stride, src + r * src_stride, row_bytes);
+  }
+}
+
+class CpuContext final : public ExecutionContext {
+ public:
+  CpuContext(StepLimits limits, DeviceBuffer scratch)
+      : ExecutionContext(Device{}, limits, std::move(scratch)) {}
+
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+ protected:
+  absl::Status DoBeginStep(const StepMetadata& /*step*/) override { return absl::OkStatus(); }
+
+  absl::Status DoEmbed(const TensorView& table, const EmbedOptions& options,
+                       const TensorView& out) override {
+    const StepMetadata& s = step();
+    const WeightView weights{table.dtype, table.rows, table.cols, table.bytes()};
+    cpu::EmbeddingLookup(weights, s.token_ids.data(), s.rows(), out.f32(), out.row_stride);
+    if (options.zero_at_position_zero) {
+      for (int64_t r = 0; r < s.rows(); ++r) {
+        if (s.positions[static_cast<size_t>(r)] == 0) {
+          std::fill_n(out.f32() + r * out.row_stride, out.cols, 0.0f);
+        }
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status DoRmsNorm(const TensorView& in, const TensorView& weight, float eps,
+                         const TensorView& out) override {
+    cpu::RmsNorm(in.f32(), in.row_stride, weight.f32(), in.rows, in.cols, weight.cols, eps,
+                 out.f32(), out.row_stride);
+    return absl::OkStatus();
+  }
+
+  absl::Status DoAddRmsNorm(const TensorView& residual, const TensorView& delta,
+                            const TensorView& weight, float eps, const TensorView& out) override {
+    cpu::AddRmsNorm(residual.f32(), residual.row_stride, delta.f32(), delta.row_stride,
+                    weight.f32(), residual.rows, residual.cols, eps, out.f32(), out.row_stride);
+    return absl::OkStatus();
+  }
+
+  absl::Status DoLinear(const PackedLinear& linear, const TensorView& in,
+                        const TensorView& out) override {
+    return cpu::RunLinear(linear, in.f32(), in.rows, out.f32());
+  }
+
+  absl::Status DoRopeAndAppendKv(const TensorView& qkv, const AttentionShape& shape,
+                                 const TensorView& inv_freq, int64_t layer) override {
+    const StepMetadata& s = step();
+    const int64_t q_dim = shape.q_dim();
+    const int64_t kv_dim = shape.kv_dim();
+    float* rows = qkv.f32();
+    cpu::ApplyRope(rows, s.rows(), qkv.row_stride, shape.n_heads, shape.head_dim,
+                   s.positions.data(), inv_freq.f32());
+    cpu::ApplyRope(rows + q_dim, s.rows(), qkv.row_stride, shape.n_kv_heads, shape.head_dim,
+                   s.positions.data(), inv_freq.f32());
+    for (const StepSequence& seq : s.sequences) {
+      float* keys = seq.kv.keys(layer) + seq.start_position * kv_dim;
+      float* values = seq.kv.values(layer) + seq.start_position * kv_dim;
+      for (int64_t t = 0; t < seq.rows; ++t) {
+        const float* src = rows + (seq.first_row + t) * qkv.row_stride + q_dim;
+        std::copy(src, src + kv_dim, keys + t * kv_dim);
+        std::copy(src + kv_dim, src + 2 * kv_dim, values + t * kv_dim);
+      }
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status DoAttention(const TensorView& qkv, const AttentionShape& shape, int64_t layer,
+                           const TensorView& out) override {
+    const int64_t kv_dim = shape.kv_dim();
+    for (const StepSequence& seq : step().sequences) {
+      cpu::CausalAttention(shape, qkv.f32() + seq.first_row * qkv.row_stride, qkv.row_stride,
+                           seq.rows, seq.start_position, seq.kv.keys(layer), seq.kv.values(layer),
+                           kv_dim, out.f32() + seq.first_row * out.row_stride, out.row_stride);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status DoSiluMul(const TensorView& gate_up, const TensorView& out) override {
+    cpu::SiluMul(gate_up.f32(), gate_up.row_stride, out.rows, out.cols, out.f32(), out.row_stride);
+    return absl::OkStatus();
+  }
+
+  absl::Status DoAdd(const TensorView& y, const TensorView& x) override {
+    cpu::Add(y.f32(), y.row_stride, x.f32(), x.row_stride, y.rows, y.cols);
+    return absl::OkStatus();
+  }
+
+  absl::Status DoGatherRows(const TensorView& in, int64_t first, int64_t count,
+                            const TensorView& out) override {
+    const size_t row_bytes = static_cast<size_t>(in.cols) * sizeof(float);
+    for (int64_t i = 0; i < count; ++i) {
+      const int32_t row = step().gather_rows[static_cast<size_t>(first + i)];
+      std::memcpy(out.row(i), in.row(row), row_bytes);
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status DoCopyFromHost(const void* host, const TensorView& dst) override {
+    const size_t row_bytes = static_cast<size_t>(dst.cols) * dst.element_bytes();
+    CopyRows(static_cast<const std::byte*>(host), row_bytes, dst.bytes(),
+             static_cast<size_t>(dst.row_stride) * dst.element_bytes(), dst.rows, row_bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status DoCopyToHost(const TensorView& src, void* host) override {
+    const size_t row_bytes = static_cast<size_t>(src.cols) * src.element_bytes();
+    CopyRows(src.bytes(), static_cast<size_t>(src.row_stride) * src.element_bytes(),
+             static_cast<std::byte*>(host), row_bytes, src.rows, row_bytes);
+    return absl::OkStatus();
+  }
+};
+
+class CpuBackend final : public Backend {
+ public:
+  explicit CpuBackend(std::unique_ptr<cpu::OneDnnPacker> packer) : packer_(std::move(packer)) {
+    const dnnl_version_t* version = dnnl_version();
+    description_ = absl::StrCat("oneDNN ", version->major, ".", version->minor, ".", version->patch,
+                                " brgemm (", IsaName(dnnl::get_effective_cpu_isa()), "), ",
+                                omp_get_max_threads(), " threads");
+  }
+
+  absl::string_view name() const override { return "cpu"; }
+  std::string description() const override { return description_; }
+  Device device() const override { return Device{}; }
+  bool reads_host_memory() const override { return true; }
+
+  absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override {
+    return DeviceBuffer::Allocate(cpu::HostMemory(), bytes);
+  }
+
+  absl::Status Upload(const void* host, size_t bytes, const DeviceBuffer& dst,
+                      size_t offset) override {
+    if (offset > dst.size() || bytes > dst.size() - offset) {
+      return absl::OutOfRangeError(absl::StrCat("upload of ", bytes, " bytes at offset ", offset,
+                                                " into a buffer of ", dst.size()));
+    }
+    if (bytes > 0) std::memcpy(dst.data() + offset, host, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status Download(const DeviceBuffer& src, size_t offset, size_t bytes, void* host) override {
+    if (offset > src.size() || bytes > src.size() - offset) {
+      return absl::OutOfRangeError(absl::StrCat("download of ", bytes, " bytes at offset ", offset,
+                                                " from a buffer of ", src.size()));
+    }
+    if (bytes > 0) std::memcpy(host, src.data() + offset, bytes);
+    return absl::OkStatus();
+  }
+
+  absl::Status Synchronize() override { return absl::OkStatus(); }
+
+  absl::StatusOr<std::unique_ptr<PackedLinear>> PackLinear(const LinearPackSpec& spec) override {
+    KILN_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<PackedLinear>> packed,
+                          packer_->Pack(absl::MakeConstSpan(&spec, 1), /*threads=*/1));
+    return std::move(packed.front());
+  }
+
+  absl::StatusOr<std::vector<std::unique_ptr<PackedLinear>>> PackLinears(
+      absl::Span<const LinearPackSpec> specs) override {
+    return packer_->Pack(specs, std::max(1, omp_get_max_threads()));
+  }
+
+  absl::StatusOr<std::unique_ptr<ExecutionContext>> CreateContext(
+      const ContextOptions& options) override {
+    if (options.limits.max_rows <= 0 || options.limits.max_sequences <= 0) {
+      return absl::InvalidArgumentError("an execution context needs room for at least one row");
+    }
+    KILN_ASSIGN_OR_RETURN(DeviceBuffer scratch, Allocate(options.scratch_bytes));
+    return std::unique_ptr<ExecutionContext>(new CpuContext(options.limits, std::move(scratch)));
+  }
+
+ private:
+  const std::unique_ptr<cpu::OneDnnPacker> packer_;
+  std::string description_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Backend>> CreateCpuBackend() {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<cpu::OneDnnPacker> packer, cpu::OneDnnPacker::Create());
+  return std::unique_ptr<Backend>(new CpuBackend(std::move(packer)));
+}
+
+}  // namespace kiln

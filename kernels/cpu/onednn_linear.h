@@ -1,0 +1,38 @@
+// Linear layers on oneDNN 2.6: weights packed once into the blocked layout brgemm picks for a
+// concrete M (docs/onednn-2.6.md: 2.6 refuses brgemm for runtime dims); every call runs a
+// primitive created (and cached) for its concrete M against that layout.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "kernels/backend.h"
+
+namespace kiln::cpu {
+
+// Packs weights for one oneDNN CPU engine; its primitive cache is shared by every layer it packs.
+class OneDnnPacker {
+ public:
+  static absl::StatusOr<std::unique_ptr<OneDnnPacker>> Create();
+  ~OneDnnPacker();
+
+  // Packs every spec on up to `threads` threads, one weight per thread (largest first). On error
+  // nothing is returned and the status names the first failing spec.
+  absl::StatusOr<std::vector<std::unique_ptr<PackedLinear>>> Pack(
+      absl::Span<const LinearPackSpec> specs, int threads);
+
+ private:
+  struct State;
+  explicit OneDnnPacker(std::unique_ptr<State> state);
+  std::unique_ptr<State> state_;
+};
+
+// y[m, n] = x[m, k]·Wᵀ (+ bias) for a linear packed by a OneDnnPacker; x and y contiguous fp32.
+// InvalidArgument for a linear another backend packed. Thread-safe.
+absl::Status RunLinear(const PackedLinear& linear, const float* x, int64_t m, float* y);
+
+}  // namespace kiln::cpu
