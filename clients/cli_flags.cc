@@ -12,6 +12,9 @@ ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
           "synth: random seed (default 0); generate: sampling seed (default: the server picks)");
 ABSL_FLAG(uint64_t, max_shard_bytes, uint64_t{1} << 30, "shard the checkpoint above this size");
 ABSL_FLAG(bool, overwrite, false, "tensorize: replace an existing output file");
+ABSL_FLAG(std::string, backend, "",
+          "run: compute backend (default cpu); models load: the server's backend for the model "
+          "(default: the server's --backend)");
 ABSL_FLAG(int32_t, mtp_layers, 0,
           "synth: also write this many DeepSeek-style MTP heads (random weights; for speculative "
           "decoding tests)");

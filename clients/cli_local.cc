@@ -29,13 +29,6 @@ int Fail(const absl::Status& status) {
   return kExitError;
 }
 
-absl::StatusOr<DType> ParseDType(const std::string& text) {
-  if (text == "bf16" || text == "bfloat16") return DType::kBF16;
-  if (text == "f32" || text == "fp32" || text == "float32") return DType::kF32;
-  if (text == "f16" || text == "fp16" || text == "float16") return DType::kF16;
-  return absl::InvalidArgumentError("--dtype must be bf16, f32 or f16, not \"" + text + "\"");
-}
-
 // Tensorizer options from the shared flags; key files are read here, in this process.
 absl::StatusOr<TensorizerCheckpointOptions> TensorizerFlags() {
   TensorizerCheckpointOptions options;
@@ -76,8 +69,9 @@ int Synth(const Args& args) {
   config->num_mtp_layers = absl::GetFlag(FLAGS_mtp_layers);
   SynthOptions options;
   if (!absl::GetFlag(FLAGS_dtype).empty()) {
-    absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
-    if (!dtype.ok()) return UsageError("synth", dtype.status().message());
+    absl::StatusOr<DType> dtype = ParseDTypeApiName(absl::GetFlag(FLAGS_dtype));
+    if (!dtype.ok())
+      return UsageError("synth", absl::StrCat("--dtype: ", dtype.status().message()));
     options.dtype = *dtype;
   }
   options.seed = absl::GetFlag(FLAGS_seed).value_or(0);
@@ -102,15 +96,16 @@ int Run(const Args& args) {
   if (!prompt.ok()) return UsageError("run", prompt.status().message());
   if (prompt->empty()) return UsageError("run", "--prompt_ids is empty");
   LoadOptions options;
-  if (!absl::GetFlag(FLAGS_dtype).empty()) {
-    absl::StatusOr<DType> dtype = ParseDType(absl::GetFlag(FLAGS_dtype));
-    if (!dtype.ok()) return UsageError("run", dtype.status().message());
-    options.compute_dtype = *dtype;
-  }
+  absl::StatusOr<std::optional<DType>> dtype = ParseComputeDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) return UsageError("run", absl::StrCat("--dtype: ", dtype.status().message()));
+  options.compute_dtype = *dtype;
   absl::StatusOr<TensorizerCheckpointOptions> tensorizer = TensorizerFlags();
   if (!tensorizer.ok()) return Fail(tensorizer.status());
   options.tensorizer = *std::move(tensorizer);
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu");
+  const std::string backend_name = absl::GetFlag(FLAGS_backend).empty()
+                                       ? std::string(kDefaultBackend)
+                                       : absl::GetFlag(FLAGS_backend);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(backend_name);
   if (!backend.ok()) return Fail(backend.status());
   absl::StatusOr<std::unique_ptr<PreparedModel>> model =
       LoadModel(model_dir, std::shared_ptr<Backend>(std::move(*backend)), options);
@@ -144,7 +139,8 @@ int Run(const Args& args) {
   }
   const double total =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  std::cout << "model " << config.architecture_name << " from " << model_dir << "\n"
+  std::cout << "model " << config.architecture_name << " from " << model_dir << " on backend "
+            << (*model)->backend_name() << "\n"
             << "prompt ids:    " << absl::StrJoin(*prompt, ",") << "\n"
             << "generated ids: " << absl::StrJoin(generated, ",") << "\n";
   if (generated.size() > 1) {
@@ -164,13 +160,11 @@ int TensorizeLocal(const Args& args) {
     return UsageError("tensorize", "tensorize needs --model PATH and --out FILE");
   }
   NativeTensorizeOptions write_options;
-  if (const std::string dtype = absl::GetFlag(FLAGS_dtype); !dtype.empty()) {
-    absl::StatusOr<DType> parsed = ParseDType(dtype);
-    if (!parsed.ok() || *parsed == DType::kF16) {
-      return UsageError("tensorize", "--dtype must be bf16 or f32");
-    }
-    write_options.dtype = *parsed;
+  absl::StatusOr<std::optional<DType>> dtype = ParseComputeDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) {
+    return UsageError("tensorize", absl::StrCat("--dtype: ", dtype.status().message()));
   }
+  write_options.dtype = *dtype;
   std::error_code ec;
   if (std::filesystem::exists(out, ec) && !absl::GetFlag(FLAGS_overwrite)) {
     return Fail(absl::AlreadyExistsError(out + " exists (pass --overwrite to replace it)"));
@@ -182,13 +176,7 @@ int TensorizeLocal(const Args& args) {
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<OpenedCheckpoint> opened = OpenCheckpoint(model_path, options);
   if (!opened.ok()) return Fail(opened.status());
-  write_options.embedded_files = opened->source.provenance().embedded_files;
-  if (write_options.embedded_files.empty()) {
-    absl::StatusOr<std::map<std::string, std::string>> files =
-        CollectEmbeddableFiles(opened->location.dir);
-    if (!files.ok()) return Fail(files.status());
-    write_options.embedded_files = *std::move(files);
-  }
+  write_options.embedded_files = opened->side_files;
   absl::StatusOr<NativeTensorizeResult> written =
       WriteNativeTensorized(out, opened->source, opened->config, write_options);
   if (!written.ok()) return Fail(written.status());

@@ -11,6 +11,7 @@
 #include "clients/cli_flags.h"
 #include "clients/cli_grpc.h"
 #include "kiln/v1/kiln.grpc.pb.h"
+#include "models/lifecycle.h"
 
 namespace kiln::cli {
 namespace {
@@ -50,6 +51,9 @@ void PrintModel(const kiln::v1::ModelInfo& model, bool verbose) {
   row("state", kiln::v1::ModelState_Name(model.state()));
   if (model.state() == kiln::v1::FAILED) row("error", model.error());
   row("path", model.path());
+  row("backend", model.backend_description().empty()
+                     ? model.backend()
+                     : absl::StrCat(model.backend(), " (", model.backend_description(), ")"));
   row("architecture", model.architecture());
   row("format", model.format());
   row("dtype", model.dtype());
@@ -119,11 +123,11 @@ int ModelsList(const Args& args) {
     return kExitOk;
   }
   std::vector<std::vector<std::string>> rows = {
-      {"NAME", "STATE", "ARCHITECTURE", "DTYPE", "PARAMS", "MEMORY", "PATH"}};
+      {"NAME", "STATE", "BACKEND", "ARCHITECTURE", "DTYPE", "PARAMS", "MEMORY", "PATH"}};
   for (const kiln::v1::ModelInfo& model : response.models()) {
-    rows.push_back({model.name(), kiln::v1::ModelState_Name(model.state()), model.architecture(),
-                    model.dtype(), Count(model.parameter_count()), Bytes(model.bytes_in_memory()),
-                    model.path()});
+    rows.push_back({model.name(), kiln::v1::ModelState_Name(model.state()), model.backend(),
+                    model.architecture(), model.dtype(), Count(model.parameter_count()),
+                    Bytes(model.bytes_in_memory()), model.path()});
   }
   std::vector<size_t> widths(rows[0].size(), 0);
   for (const std::vector<std::string>& row : rows) {
@@ -145,14 +149,14 @@ int ModelsLoad(const Args& args) {
     return UsageError("models load", status.message());
   }
   const std::string dtype = absl::GetFlag(FLAGS_dtype);
-  if (!dtype.empty() && dtype != "bf16" && dtype != "f32") {
-    return UsageError("models load",
-                      absl::StrCat("--dtype must be bf16 or f32, not \"", dtype, "\""));
+  if (absl::Status parsed = ParseComputeDType(dtype).status(); !parsed.ok()) {
+    return UsageError("models load", absl::StrCat("--dtype: ", parsed.message()));
   }
   kiln::v1::LoadModelRequest request;
   request.set_name(args[0]);
   request.set_path(args[1]);
   request.set_dtype(dtype);
+  request.set_backend(absl::GetFlag(FLAGS_backend));
   request.set_format(absl::GetFlag(FLAGS_format));
   kiln::v1::TensorizerOptions* tensorizer = request.mutable_tensorizer();
   tensorizer->set_config_path(absl::GetFlag(FLAGS_tensorizer_config));
@@ -205,9 +209,8 @@ int ModelsTensorize(const Args& args) {
     return UsageError("models tensorize", status.message());
   }
   const std::string dtype = absl::GetFlag(FLAGS_dtype);
-  if (!dtype.empty() && dtype != "bf16" && dtype != "f32") {
-    return UsageError("models tensorize",
-                      absl::StrCat("--dtype must be bf16 or f32, not \"", dtype, "\""));
+  if (absl::Status parsed = ParseComputeDType(dtype).status(); !parsed.ok()) {
+    return UsageError("models tensorize", absl::StrCat("--dtype: ", parsed.message()));
   }
   kiln::v1::TensorizeRequest request;
   request.set_model(args[0]);

@@ -34,6 +34,20 @@ size_t HeldBackForStops(const std::string& text, const std::vector<std::string>&
 
 }  // namespace
 
+StepCapacity EngineStepCapacity(const EngineOptions& options, bool speculative) {
+  constexpr int64_t kMaxRows = 4096;
+  constexpr int64_t kMaxLogitsRows = 512;
+  const int64_t running = std::max<int32_t>(1, options.max_running);
+  // A speculating sequence verifies its last token and up to kMaxDraftTokens drafts.
+  const int64_t rows_per_sequence = speculative ? 1 + kMaxDraftTokens : 1;
+  StepCapacity capacity;
+  capacity.max_sequences = running;
+  capacity.max_logits_rows = std::min(kMaxLogitsRows, running * rows_per_sequence);
+  capacity.max_rows = std::min(
+      kMaxRows, std::max<int64_t>(1, options.max_step_tokens) + running * rows_per_sequence);
+  return capacity;
+}
+
 struct Engine::Sequence {
   uint64_t id = 0;
   GenerationRequest request;

@@ -77,6 +77,12 @@ struct EngineOptions {
   int32_t default_num_draft_tokens = 0;  // for requests that leave num_draft_tokens unset
 };
 
+// The step capacity a model's execution context needs to run this engine's steps in one go: a
+// full prefill chunk plus every running sequence's decode rows, or its verification rows when
+// `speculative` (larger steps still run, as sub-steps). Bounded, so that a huge max_running does
+// not size a huge arena.
+StepCapacity EngineStepCapacity(const EngineOptions& options, bool speculative);
+
 struct EngineStats {
   int32_t running = 0;
   int32_t waiting = 0;

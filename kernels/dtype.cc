@@ -25,6 +25,26 @@ absl::StatusOr<DType> DTypeFromName(absl::string_view name) {
   return absl::InvalidArgumentError(absl::StrCat("unsupported dtype ", std::string(name)));
 }
 
+absl::string_view DTypeApiName(DType dtype) {
+  switch (dtype) {
+    case DType::kF32:
+      return "f32";
+    case DType::kF16:
+      return "f16";
+    case DType::kBF16:
+      return "bf16";
+  }
+  return "?";
+}
+
+absl::StatusOr<DType> ParseDTypeApiName(absl::string_view text) {
+  if (text == "f32" || text == "fp32" || text == "float32") return DType::kF32;
+  if (text == "bf16" || text == "bfloat16") return DType::kBF16;
+  if (text == "f16" || text == "fp16" || text == "float16") return DType::kF16;
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", text, "' is not a dtype (use bf16, f32 or f16)"));
+}
+
 float F16ToF32(uint16_t bits) {
   // _Float16 is native on this compiler for x86-64; it handles subnormals and NaN exactly.
   _Float16 half;

@@ -17,6 +17,10 @@ constexpr size_t DTypeSize(DType dtype) { return dtype == DType::kF32 ? 4 : 2; }
 // Safetensors spelling: "F32", "F16", "BF16".
 absl::string_view DTypeName(DType dtype);
 absl::StatusOr<DType> DTypeFromName(absl::string_view name);
+// The spelling of kiln's API, config files and CLI: "f32", "bf16", "f16". Parsing also takes
+// "fp32"/"float32", "bfloat16" and "fp16"/"float16".
+absl::string_view DTypeApiName(DType dtype);
+absl::StatusOr<DType> ParseDTypeApiName(absl::string_view text);
 
 inline float BF16ToF32(uint16_t bits) {
   uint32_t widened = static_cast<uint32_t>(bits) << 16;

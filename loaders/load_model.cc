@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <fstream>
+#include <iterator>
 #include <system_error>
 #include <vector>
 
@@ -9,6 +11,7 @@
 #include "absl/strings/str_join.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "loaders/model_root.h"
 #include "loaders/safetensors.h"
 
 namespace kiln {
@@ -65,6 +68,20 @@ absl::StatusOr<CheckpointLocation> SniffCheckpoint(const fs::path& path) {
                    "model.safetensors, model.tensors and *.tensors)"));
 }
 
+absl::StatusOr<std::map<std::string, std::string>> ReadSideFiles(const fs::path& dir) {
+  std::map<std::string, std::string> files;
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
+                           "encoder.json", "vocab.bpe"}) {
+    std::error_code ec;
+    if (!fs::exists(fs::symlink_status(dir / name, ec))) continue;
+    KILN_ASSIGN_OR_RETURN(fs::path path, ResolveInsideRoot(dir, name));
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path.string()));
+    files[name].assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  return files;
+}
+
 absl::StatusOr<OpenedCheckpoint> OpenCheckpoint(const fs::path& path, const LoadOptions& options) {
   const auto start = std::chrono::steady_clock::now();
   OpenedCheckpoint opened;
@@ -81,34 +98,44 @@ absl::StatusOr<OpenedCheckpoint> OpenCheckpoint(const fs::path& path, const Load
                             OpenTensorizerCheckpoint(opened.location.file, options.tensorizer));
       opened.config = std::move(checkpoint.config);
       opened.source = std::move(checkpoint.source);
+      opened.side_files = std::move(checkpoint.embedded_files);
       break;
     }
   }
-  const double seconds =
+  if (opened.side_files.empty()) {
+    KILN_ASSIGN_OR_RETURN(opened.side_files, ReadSideFiles(opened.location.dir));
+  }
+  opened.open_seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   const SourceProvenance& provenance = opened.source.provenance();
   LOG(INFO) << "opened " << path.string() << ": " << provenance.format << " ("
             << provenance.format_version << "), " << provenance.files.size() << " file(s), "
-            << opened.source.records().size() << " tensors, " << provenance.bytes_read
-            << " bytes, load mode " << LoadModeName(provenance.load_mode) << ", " << seconds
-            << " s";
+            << opened.source.records().size() << " tensors, " << provenance.bytes_read << " bytes, "
+            << opened.side_files.size() << " side file(s), load mode "
+            << LoadModeName(provenance.load_mode) << ", " << opened.open_seconds << " s";
   return opened;
+}
+
+absl::StatusOr<std::unique_ptr<PreparedModel>> PrepareCheckpoint(OpenedCheckpoint opened,
+                                                                 std::shared_ptr<Backend> backend,
+                                                                 const LoadOptions& options) {
+  PostLoadOptions post_load;
+  post_load.compute_dtype = options.compute_dtype;
+  post_load.step_capacity = options.step_capacity;
+  const std::string where =
+      opened.location.file.empty() ? opened.location.dir.string() : opened.location.file.string();
+  absl::StatusOr<std::unique_ptr<PreparedModel>> model =
+      BuildPreparedModel(std::move(opened.source), opened.config, std::move(backend), post_load);
+  if (!model.ok()) return KilnAnnotate(model.status(), where);
+  (*model)->timings().open_seconds = opened.open_seconds;
+  return model;
 }
 
 absl::StatusOr<std::unique_ptr<PreparedModel>> LoadModel(const fs::path& path,
                                                          std::shared_ptr<Backend> backend,
                                                          const LoadOptions& options) {
-  const auto start = std::chrono::steady_clock::now();
   KILN_ASSIGN_OR_RETURN(OpenedCheckpoint opened, OpenCheckpoint(path, options));
-  const double open_seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  PostLoadOptions post_load;
-  post_load.compute_dtype = options.compute_dtype;
-  absl::StatusOr<std::unique_ptr<PreparedModel>> model =
-      BuildPreparedModel(std::move(opened.source), opened.config, std::move(backend), post_load);
-  if (!model.ok()) return KilnAnnotate(model.status(), path.string());
-  (*model)->timings().open_seconds = open_seconds;
-  return model;
+  return PrepareCheckpoint(std::move(opened), std::move(backend), options);
 }
 
 }  // namespace kiln

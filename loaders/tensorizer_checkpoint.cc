@@ -34,9 +34,6 @@ constexpr uint64_t kNativeDataAlignment = 64;
 constexpr absl::string_view kVllmMarker = ".vllm_tensorized_marker";
 
 // Files a native file carries so that it loads on its own.
-constexpr absl::string_view kEmbeddableFiles[] = {"tokenizer.json", "tokenizer_config.json",
-                                                  "generation_config.json", "encoder.json",
-                                                  "vocab.bpe"};
 
 std::optional<DType> WeightDType(ElementType type) {
   switch (type) {
@@ -95,13 +92,6 @@ TensorizerKind DetectKind(const tensorizer::TensorizerFile& file) {
   if (file.Find(kNativeMarker) != nullptr) return TensorizerKind::kNative;
   if (file.Find(kVllmMarker) != nullptr) return TensorizerKind::kVllm;
   return TensorizerKind::kRaw;
-}
-
-absl::StatusOr<std::string> ReadSmallFile(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot open ", path.string()));
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  return text;
 }
 
 absl::Status CheckVllmMarker(const TensorInfo& info, const std::string& file) {
@@ -246,7 +236,7 @@ absl::StatusOr<TensorizerCheckpoint> OpenTensorizerCheckpoint(
         continue;
       }
       if (absl::StartsWith(info.name, kNativeFilePrefix)) {
-        provenance.embedded_files[info.name.substr(kNativeFilePrefix.size())] =
+        checkpoint.embedded_files[info.name.substr(kNativeFilePrefix.size())] =
             std::string(reinterpret_cast<const char*>(data.data), data.size);
         drop(info, "file embedded in the native file");
         continue;
@@ -317,18 +307,6 @@ absl::StatusOr<TensorizerCheckpoint> OpenTensorizerCheckpoint(
             << (options.verify_hashes ? ", hashes verified" : ", hash verification skipped")
             << ", load mode " << LoadModeName(mode);
   return checkpoint;
-}
-
-absl::StatusOr<std::map<std::string, std::string>> CollectEmbeddableFiles(
-    const fs::path& model_dir) {
-  std::map<std::string, std::string> files;
-  for (absl::string_view name : kEmbeddableFiles) {
-    const fs::path path = model_dir / std::string(name);
-    std::error_code ec;
-    if (!fs::is_regular_file(path, ec)) continue;
-    KILN_ASSIGN_OR_RETURN(files[std::string(name)], ReadSmallFile(path));
-  }
-  return files;
 }
 
 absl::StatusOr<NativeTensorizeResult> WriteNativeTensorized(const fs::path& file,

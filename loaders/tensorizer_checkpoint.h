@@ -34,7 +34,9 @@ struct TensorizerCheckpointOptions {
 struct TensorizerCheckpoint {
   TensorizerKind kind = TensorizerKind::kRaw;
   ModelConfig config;
-  WeightSource source;  // a native file's tokenizer files are in provenance().embedded_files
+  WeightSource source;
+  // A native file's embedded side files (tokenizer.json, ...) by file name; empty otherwise.
+  std::map<std::string, std::string> embedded_files;
 };
 
 // Opens `file`, detects its kind, reads (decrypts, verifies) every tensor and maps names onto
@@ -47,7 +49,7 @@ bool HasTensorizerMagic(const std::filesystem::path& file);
 
 struct NativeTensorizeOptions {
   std::optional<DType> dtype;  // F32 or BF16; unset keeps each tensor's dtype
-  // Stored in the file and handed back as SourceProvenance::embedded_files.
+  // Side files stored in the file (TensorizerCheckpoint::embedded_files when read back).
   std::map<std::string, std::string> embedded_files;
 };
 
@@ -64,9 +66,5 @@ absl::StatusOr<NativeTensorizeResult> WriteNativeTensorized(const std::filesyste
                                                             const WeightSource& source,
                                                             const ModelConfig& config,
                                                             const NativeTensorizeOptions& options);
-
-// Tokenizer and other files a checkpoint directory holds that a native file should carry.
-absl::StatusOr<std::map<std::string, std::string>> CollectEmbeddableFiles(
-    const std::filesystem::path& model_dir);
 
 }  // namespace kiln

@@ -3,6 +3,7 @@
 #include <atomic>
 #include <chrono>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
@@ -42,6 +43,16 @@ DType ChooseComputeDType(const BoundModel& bound, const PostLoadOptions& options
 }  // namespace
 
 uint64_t PostLoadRunCount() { return g_post_load_runs.load(); }
+
+absl::StatusOr<std::optional<DType>> ParseComputeDType(absl::string_view text) {
+  if (text.empty()) return std::nullopt;
+  absl::StatusOr<DType> dtype = ParseDTypeApiName(absl::AsciiStrToLower(text));
+  if (!dtype.ok() || (*dtype != DType::kF32 && *dtype != DType::kBF16)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("'", text, "' is not supported (use \"\", \"bf16\" or \"f32\")"));
+  }
+  return *dtype;
+}
 
 PreparedModel::~PreparedModel() = default;
 

@@ -20,6 +20,10 @@ struct PostLoadOptions {
   StepCapacity step_capacity;
 };
 
+// The compute dtype a user names ("", "bf16" or "f32"; any case): nullopt for "" (the
+// checkpoint's), else the dtype; InvalidArgument for anything else.
+absl::StatusOr<std::optional<DType>> ParseComputeDType(absl::string_view text);
+
 absl::StatusOr<std::unique_ptr<PreparedModel>> BuildPreparedModel(
     WeightSource source, const ModelConfig& config, std::shared_ptr<Backend> backend,
     const PostLoadOptions& options = {});

@@ -59,9 +59,6 @@ struct SourceProvenance {
   uint64_t bytes_read = 0;  // payload bytes the loader exposed
   WeightLayout layout = WeightLayout::kHuggingFace;
   std::vector<DroppedTensor> dropped;
-  // Small files stored inside the checkpoint (a native tensorized file's tokenizer.json, ...),
-  // by file name.
-  std::map<std::string, std::string> embedded_files;
 };
 
 // Owns (or keeps alive) the memory that the records point into. Move-only.

@@ -69,8 +69,7 @@ absl::Status ApplyServerConfig(const v1::ServerConfig& config, const std::string
     if (model.name().empty() || model.path().empty()) {
       return absl::InvalidArgumentError("models: every entry needs a name and a path");
     }
-    ModelSpec spec = ModelSpecFromProto(model.name(), model.path(), model.format(), model.dtype(),
-                                        model.tensorizer());
+    ModelSpec spec = ModelSpecFromProto(model);
     // Key and passphrase files, like other files a config names, are relative to the config.
     TensorizerSpec& tz = spec.tensorizer;
     if (!tz.encryption_key_file.empty()) {
@@ -107,6 +106,7 @@ absl::Status ApplyServerConfig(const v1::ServerConfig& config, const std::string
   if (!config.tls_cert_file().empty())
     options->tls_cert_file = Rebase(base_dir, config.tls_cert_file());
   if (!config.metrics_listen().empty()) options->metrics_listen = config.metrics_listen();
+  if (!config.default_backend().empty()) options->default_backend = config.default_backend();
   if (!config.tls_key_file().empty())
     options->tls_key_file = Rebase(base_dir, config.tls_key_file());
   return absl::OkStatus();

@@ -43,6 +43,10 @@ ABSL_FLAG(int32_t, num_draft_tokens, 0,
           "speculative.num_draft_tokens, on models with MTP heads (0 = off; at most 16)");
 ABSL_FLAG(int64_t, max_context, 4096, "tokens of one sequence (prompt + output)");
 ABSL_FLAG(int32_t, default_max_tokens, 256, "tokens generated when a request sets no max_tokens");
+ABSL_FLAG(std::string, backend, "cpu",
+          "compute backend of models that name none (LoadModel's backend field, a config "
+          "model's backend); one this build or machine cannot run stops the server with the list "
+          "of those it can");
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT to serve Prometheus metrics on (HTTP GET /metrics; port 0: any); "
           "empty: no metrics endpoint");
@@ -123,6 +127,7 @@ absl::StatusOr<ServerOptions> BuildOptions(int argc, char** argv) {
   if (OnCommandLine(argc, argv, "metrics_listen")) {
     options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   }
+  if (OnCommandLine(argc, argv, "backend")) options.default_backend = absl::GetFlag(FLAGS_backend);
   options.token_delay_for_testing = absl::GetFlag(FLAGS_token_delay_for_testing);
   // Repeatable flags add to the config's lists (a --model replaces a config model of its name).
   options.model_roots.insert(options.model_roots.end(), all_roots.begin(), all_roots.end());
@@ -143,7 +148,7 @@ int Main(int argc, char** argv) {
   absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(
       "kiln-server --listen HOST:PORT --model-root DIR [--model NAME=PATH ...] [--config FILE]\n"
-      "            [--metrics-listen HOST:PORT]\n"
+      "            [--metrics-listen HOST:PORT] [--backend cpu]\n"
       "Flags may be spelled with dashes or underscores (--model-root = --model_root).");
   std::vector<std::string> args = NormalizeFlagNames(argc, argv);
   std::vector<char*> arg_pointers;

@@ -43,6 +43,7 @@ void FillModelInfo(const ModelSnapshot& snapshot, v1::ModelInfo* info) {
   info->set_state(ToProtoState(snapshot.state));
   info->set_path(snapshot.resolved_path.empty() ? snapshot.spec.path : snapshot.resolved_path);
   info->set_error(snapshot.error);
+  info->set_backend(snapshot.backend);
   if (snapshot.model == nullptr) {
     // Not loaded (yet): what was asked for.
     info->set_format(snapshot.spec.format);
@@ -50,8 +51,10 @@ void FillModelInfo(const ModelSnapshot& snapshot, v1::ModelInfo* info) {
     return;
   }
   const PreparedModel& model = *snapshot.model;
+  info->set_backend(std::string(model.backend_name()));
+  info->set_backend_description(model.backend_description());
   info->set_architecture(model.config().architecture_name);
-  info->set_dtype(DTypeApiName(model.compute_dtype()));
+  info->set_dtype(std::string(DTypeApiName(model.compute_dtype())));
   info->set_parameter_count(model.parameter_count());
   info->set_bytes_in_memory(model.weight_bytes());
   info->set_format(model.provenance().format);
@@ -82,10 +85,11 @@ void FillModelInfo(const ModelSnapshot& snapshot, v1::ModelInfo* info) {
   for (const std::string& warning : report.warnings) out->add_warnings(warning);
 }
 
-ModelSpec ModelSpecFromProto(const std::string& name, const std::string& path,
-                             const std::string& format, const std::string& dtype,
-                             const v1::TensorizerOptions& tensorizer) {
-  ModelSpec spec{name, path, format, dtype, {}};
+// Both messages spell the spec with the same fields.
+template <typename Message>
+ModelSpec SpecFrom(const Message& m) {
+  ModelSpec spec{m.name(), m.path(), m.format(), m.dtype(), m.backend(), {}};
+  const v1::TensorizerOptions& tensorizer = m.tensorizer();
   TensorizerSpec& tz = spec.tensorizer;
   tz.config_path = tensorizer.config_path();
   tz.skip_hash_verification = tensorizer.skip_hash_verification();
@@ -95,5 +99,8 @@ ModelSpec ModelSpecFromProto(const std::string& name, const std::string& path,
   tz.encryption_passphrase_file = tensorizer.encryption_passphrase_file();
   return spec;
 }
+
+ModelSpec ModelSpecFromProto(const v1::LoadModelRequest& request) { return SpecFrom(request); }
+ModelSpec ModelSpecFromProto(const v1::ModelConfigEntry& entry) { return SpecFrom(entry); }
 
 }  // namespace kiln

@@ -10,9 +10,8 @@ namespace kiln {
 // architecture, dtype, sizes, format, loader, timings and load report once the model is loaded.
 void FillModelInfo(const ModelSnapshot& snapshot, v1::ModelInfo* info);
 
-// LoadModelRequest / ServerConfig.models entries as a ModelSpec (not yet validated).
-ModelSpec ModelSpecFromProto(const std::string& name, const std::string& path,
-                             const std::string& format, const std::string& dtype,
-                             const v1::TensorizerOptions& tensorizer);
+// A LoadModelRequest or a ServerConfig.models entry as a ModelSpec (validated by the registry).
+ModelSpec ModelSpecFromProto(const v1::LoadModelRequest& request);
+ModelSpec ModelSpecFromProto(const v1::ModelConfigEntry& entry);
 
 }  // namespace kiln

@@ -24,9 +24,7 @@ grpc::Status ModelsService::LoadModel(grpc::ServerContext* context,
                                       v1::ModelInfo* response) {
   return RunHandler("LoadModel", [&]() -> absl::Status {
     KILN_RETURN_IF_ERROR(CheckAdminToken(*context, admin_token_));
-    ModelSpec spec = ModelSpecFromProto(request->name(), request->path(), request->format(),
-                                        request->dtype(), request->tensorizer());
-    KILN_RETURN_IF_ERROR(ValidateModelSpec(spec));
+    const ModelSpec spec = ModelSpecFromProto(*request);
     LOG(INFO) << "LoadModel '" << spec.name << "' path " << spec.path << " from " << Peer(*context);
     KILN_ASSIGN_OR_RETURN(ModelSnapshot snapshot, registry_->Load(spec));
     FillModelInfo(snapshot, response);

@@ -7,8 +7,8 @@
 //                    └──► FAILED     (models named at start only: they stay visible with the error)
 //
 // Nothing half-loaded is ever visible as READY: the model, its tokenizer and its engine are all
-// built before the state changes. Entries are shared: an RPC that took a snapshot keeps the
-// engine and model it uses alive after an unload removed the entry.
+// built (server/model_builder.h) before the state changes. Entries are shared: an RPC that took a
+// snapshot keeps the engine and model it uses alive after an unload removed the entry.
 #pragma once
 
 #include <cstdint>
@@ -24,9 +24,10 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "engine/engine.h"
-#include "kernels/backend.h"
-#include "loaders/tensorizer_checkpoint.h"
+#include "loaders/model_root.h"
 #include "models/prepared_model.h"
+#include "server/model_builder.h"
+#include "server/model_spec.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kiln {
@@ -34,41 +35,18 @@ namespace kiln {
 enum class ModelState { kLoading, kReady, kUnloading, kFailed };
 absl::string_view ModelStateName(ModelState state);
 
-// Tensorizer options of a ModelSpec (kiln.v1.TensorizerOptions in C++). Secrets are never logged.
-struct TensorizerSpec {
-  std::string config_path;  // inside a model root; "" = config.json beside the file
-  bool skip_hash_verification = false;
-  std::string encryption_key;  // 32 raw bytes
-  std::string encryption_passphrase;
-  std::string encryption_key_file;         // server-side file: 32 raw bytes
-  std::string encryption_passphrase_file;  // server-side file: the passphrase (one line)
-};
-
-// What to load: LoadModelRequest and ServerConfig.models in C++.
-struct ModelSpec {
-  std::string name;
-  std::string path;    // a model directory or a Tensorizer file inside one of the model roots
-  std::string format;  // "" (detect), "safetensors" or "tensorizer"
-  std::string dtype;   // "" (the checkpoint's), "bf16" or "f32"
-  TensorizerSpec tensorizer;
-};
-
-// InvalidArgument naming the field at fault (name, path, format, dtype, tensorizer.*).
-absl::Status ValidateModelSpec(const ModelSpec& spec);
-
-// "f32", "bf16", "f16": the spelling the API uses for dtypes.
-std::string DTypeApiName(DType dtype);
-
 // A consistent copy of one entry, taken under its lock. The pointers are set from READY on.
 struct ModelSnapshot {
   ModelSpec spec;
   ModelState state = ModelState::kLoading;
+  std::string backend;         // the backend it runs (or was to run) on
   std::string resolved_path;   // canonical model directory or file, once resolved
   std::string checkpoint_dir;  // the directory holding config.json and the tokenizer
   std::string error;           // FAILED: why
   std::shared_ptr<const PreparedModel> model;
-  std::shared_ptr<const Tokenizer> tokenizer;  // null when the model directory has none
-  std::string no_tokenizer_reason;             // why there is none
+  std::shared_ptr<const SideFiles> side_files;  // the checkpoint's tokenizer files
+  std::shared_ptr<const Tokenizer> tokenizer;   // null when the model directory has none
+  std::string no_tokenizer_reason;              // why there is none
   std::shared_ptr<Engine> engine;
   int64_t max_context = 0;  // of one sequence, as the engine enforces it
   double load_seconds = 0;  // wall time of the whole load
@@ -79,13 +57,16 @@ struct RegistryOptions {
   // refused.
   std::vector<std::string> model_roots;
   EngineOptions engine;  // max_context is further capped by each model's max_position_embeddings
+  // Backend of specs that name none; "" = "cpu". Must be available here.
+  std::string default_backend;
   // Tests: runs on the loading thread once the LOADING entry is visible, before any file is read.
   std::function<void(const ModelSpec&)> on_loading_for_testing;
 };
 
 class ModelRegistry {
  public:
-  // Fails if a model root does not exist or is not a directory, or no backend can be made.
+  // Fails if a model root does not exist or is not a directory, or the default backend is unknown
+  // (InvalidArgument) or cannot run here (FailedPrecondition).
   static absl::StatusOr<std::unique_ptr<ModelRegistry>> Create(RegistryOptions options);
   ~ModelRegistry();
   ModelRegistry(const ModelRegistry&) = delete;
@@ -124,29 +105,22 @@ class ModelRegistry {
   // Refuses further loads and stops every engine (in-flight requests end CANCELLED).
   void Shutdown();
 
-  // The canonical model directory or file for a requested path: absolute, or relative to a
-  // model root (tried in order). PermissionDenied when it resolves outside every root (symlinks
-  // followed) or no root is configured; NotFound when it does not exist. `what` names the field
-  // in errors.
-  absl::StatusOr<std::filesystem::path> ResolveModelPath(const std::string& path,
-                                                         absl::string_view what = "path") const;
-
-  const std::vector<std::filesystem::path>& model_roots() const { return roots_; }
+  const ModelRoots& roots() const { return roots_; }
 
  private:
   class Entry;
-  struct Built;
 
-  ModelRegistry(RegistryOptions options, std::vector<std::filesystem::path> roots,
-                std::shared_ptr<Backend> backend);
+  ModelRegistry(RegistryOptions options, ModelRoots roots)
+      : options_(std::move(options)), roots_(std::move(roots)) {}
   absl::StatusOr<ModelSnapshot> LoadImpl(const ModelSpec& spec, bool keep_failed);
-  absl::StatusOr<Built> Build(const ModelSpec& spec, const std::filesystem::path& path) const;
-  absl::StatusOr<TensorizerCheckpointOptions> TensorizerOptionsFor(const ModelSpec& spec) const;
-  std::shared_ptr<Entry> Find(const std::string& name) const;
+  // LOADING → READY (the built model in place), or the failure recorded as `keep_failed` says.
+  absl::StatusOr<ModelSnapshot> Finish(const std::shared_ptr<Entry>& entry,
+                                       absl::StatusOr<BuiltModel> built, double seconds,
+                                       bool keep_failed);
 
   const RegistryOptions options_;
-  const std::vector<std::filesystem::path> roots_;
-  const std::shared_ptr<Backend> backend_;
+  const ModelRoots roots_;
+  std::unique_ptr<ModelBuilder> builder_;
 
   mutable absl::Mutex mutex_;
   std::map<std::string, std::shared_ptr<Entry>> entries_ ABSL_GUARDED_BY(mutex_);

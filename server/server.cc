@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(ServerOptions options
   RegistryOptions registry_options;
   registry_options.model_roots = options.model_roots;
   registry_options.engine = options.engine;
+  registry_options.default_backend = options.default_backend;
   registry_options.on_loading_for_testing = options.on_loading_for_testing;
   KILN_ASSIGN_OR_RETURN(server->registry_, ModelRegistry::Create(std::move(registry_options)));
   for (const ModelSpec& spec : options.models) {

@@ -26,6 +26,7 @@ struct ServerOptions {
   std::string listen = "127.0.0.1:50051";  // HOST:PORT; port 0 picks a free one
   std::vector<std::string> model_roots;    // LoadModel paths must resolve inside one of these
   std::vector<ModelSpec> models;           // loaded before the server starts listening
+  std::string default_backend;             // for models that name none; "" = "cpu"
   EngineOptions engine;                    // per model: max_running, max_queued, max_context
   int32_t default_max_tokens = 256;        // for requests with stopping.max_tokens = 0
   std::string admin_token;                 // "": the Models service is open

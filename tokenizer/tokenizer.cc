@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <utility>
 
@@ -257,31 +258,39 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromGpt2Files(absl::string
 
 absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromDirectory(
     const std::filesystem::path& dir) {
-  const std::filesystem::path tokenizer_json = dir / "tokenizer.json";
-  const std::filesystem::path config_json = dir / "tokenizer_config.json";
-  const std::filesystem::path generation_json = dir / "generation_config.json";
-  KILN_ASSIGN_OR_RETURN(std::string config_text, ReadOptionalFile(config_json));
-  KILN_ASSIGN_OR_RETURN(std::string generation_text, ReadOptionalFile(generation_json));
+  std::map<std::string, std::string> files;
+  for (absl::string_view name : {"tokenizer.json", "tokenizer_config.json",
+                                 "generation_config.json", "encoder.json", "vocab.bpe"}) {
+    KILN_ASSIGN_OR_RETURN(std::string text, ReadOptionalFile(dir / std::string(name)));
+    if (!text.empty()) files.emplace(std::string(name), std::move(text));
+  }
+  return FromFiles(files, dir.string());
+}
+
+absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromFiles(
+    const std::map<std::string, std::string>& files, absl::string_view where) {
+  auto text_of = [&](const char* name) -> absl::string_view {
+    auto it = files.find(name);
+    return it == files.end() ? absl::string_view() : absl::string_view(it->second);
+  };
+  auto named = [&](const char* name) { return absl::StrCat(where, "/", name); };
+  const absl::string_view config_text = text_of("tokenizer_config.json");
+  const absl::string_view generation_text = text_of("generation_config.json");
   absl::StatusOr<TokenizerConfig> config = tokenizer_internal::ParseTokenizerConfig(config_text);
-  if (!config.ok()) return KilnAnnotate(config.status(), config_json.string());
-  std::error_code error;
-  if (std::filesystem::exists(tokenizer_json, error)) {
-    KILN_ASSIGN_OR_RETURN(std::string text, ReadFile(tokenizer_json));
-    absl::StatusOr<TokenizerParts> parts = tokenizer_internal::ParseTokenizerJson(text);
-    if (!parts.ok()) return KilnAnnotate(parts.status(), tokenizer_json.string());
+  if (!config.ok()) return KilnAnnotate(config.status(), named("tokenizer_config.json"));
+  if (files.count("tokenizer.json") > 0) {
+    absl::StatusOr<TokenizerParts> parts =
+        tokenizer_internal::ParseTokenizerJson(text_of("tokenizer.json"));
+    if (!parts.ok()) return KilnAnnotate(parts.status(), named("tokenizer.json"));
     absl::StatusOr<std::unique_ptr<TokenizerImpl>> impl =
         MakeImpl(*std::move(parts), *std::move(config), generation_text);
-    if (!impl.ok()) return KilnAnnotate(impl.status(), dir.string());
+    if (!impl.ok()) return KilnAnnotate(impl.status(), where);
     return std::unique_ptr<Tokenizer>(new Tokenizer(*std::move(impl)));
   }
-  const std::filesystem::path encoder = dir / "encoder.json";
-  const std::filesystem::path merges = dir / "vocab.bpe";
-  if (std::filesystem::exists(encoder, error) && std::filesystem::exists(merges, error)) {
-    KILN_ASSIGN_OR_RETURN(std::string encoder_text, ReadFile(encoder));
-    KILN_ASSIGN_OR_RETURN(std::string merges_text, ReadFile(merges));
+  if (files.count("encoder.json") > 0 && files.count("vocab.bpe") > 0) {
     absl::StatusOr<TokenizerParts> parts =
-        tokenizer_internal::ParseGpt2Files(encoder_text, merges_text);
-    if (!parts.ok()) return KilnAnnotate(parts.status(), dir.string());
+        tokenizer_internal::ParseGpt2Files(text_of("encoder.json"), text_of("vocab.bpe"));
+    if (!parts.ok()) return KilnAnnotate(parts.status(), where);
     TokenizerConfig defaults = Gpt2Defaults();
     if (!config_text.empty()) {
       if (config->bos_token.has_value()) defaults.bos_token = config->bos_token;
@@ -293,11 +302,11 @@ absl::StatusOr<std::unique_ptr<Tokenizer>> Tokenizer::FromDirectory(
     }
     absl::StatusOr<std::unique_ptr<TokenizerImpl>> impl =
         MakeImpl(*std::move(parts), std::move(defaults), generation_text);
-    if (!impl.ok()) return KilnAnnotate(impl.status(), dir.string());
+    if (!impl.ok()) return KilnAnnotate(impl.status(), where);
     return std::unique_ptr<Tokenizer>(new Tokenizer(*std::move(impl)));
   }
   return absl::NotFoundError(
-      absl::StrCat("no tokenizer.json (nor encoder.json + vocab.bpe) in ", dir.string()));
+      absl::StrCat("no tokenizer.json (nor encoder.json + vocab.bpe) in ", where));
 }
 
 absl::StatusOr<std::vector<int32_t>> Tokenizer::Encode(absl::string_view text,

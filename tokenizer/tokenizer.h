@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -37,6 +38,10 @@ class Tokenizer {
   // A model directory: tokenizer.json (+ tokenizer_config.json and generation_config.json when
   // present), else encoder.json + vocab.bpe (GPT-2). Errors name the file and the component.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromDirectory(const std::filesystem::path& dir);
+  // The same from the files' texts by file name (a checkpoint's side files); `where` names their
+  // origin in errors.
+  static absl::StatusOr<std::unique_ptr<Tokenizer>> FromFiles(
+      const std::map<std::string, std::string>& files, absl::string_view where);
   // tokenizer.json text; the two configs may be empty.
   static absl::StatusOr<std::unique_ptr<Tokenizer>> FromTokenizerJson(
       absl::string_view tokenizer_json, absl::string_view tokenizer_config_json = "",

@@ -381,6 +381,8 @@ class Test:
         expect(info.bytes_in_memory > 0, "bytes_in_memory 0")
         expect(info.architecture, "no architecture")
         expect(info.dtype, "no dtype")
+        expect(info.backend == "cpu" and info.backend_description,
+               f"backend {info.backend!r} ({info.backend_description!r})")
         if "vocab_size" in self.config and info.vocab_size:
             expect(info.vocab_size == self.config["vocab_size"], f"vocab_size {info.vocab_size}")
         expect(not info.load_report.missing, f"missing tensors: {info.load_report.missing}")
@@ -542,8 +544,8 @@ class Test:
         out, _ = self.kiln("models", "list", self.server_flag(), f"--admin-token={ADMIN_TOKEN}")
         expect("tiny" in out and "READY" in out, f"`models list`: {out!r}")
         out, _ = self.kiln("models", "load", "tiny3", self.model_dir, "--dtype=f32",
-                           self.server_flag(), token)
-        expect("READY" in out, f"`models load`: {out!r}")
+                           "--backend=cpu", self.server_flag(), token)
+        expect("READY" in out and "backend" in out, f"`models load`: {out!r}")
         out, _ = self.kiln("models", "unload", "tiny3", self.server_flag(), token)
         expect("tiny3" in out, f"`models unload`: {out!r}")
 

@@ -320,7 +320,9 @@ TEST(NativeTensorizedTest, SafetensorsRoundTripIsIdenticalAndSelfContained) {
   EXPECT_EQ(FixtureLogits(**native), FixtureLogits(**original));
   EXPECT_EQ((*native)->config().num_hidden_layers, 2);
   EXPECT_EQ((*native)->provenance().layout, WeightLayout::kEngine);
-  EXPECT_EQ((*native)->provenance().embedded_files.at("tokenizer.json"),
+  absl::StatusOr<OpenedCheckpoint> reopened = OpenCheckpoint(dir / "m.tensors");
+  ASSERT_TRUE(reopened.ok()) << reopened.status();
+  EXPECT_EQ(reopened->side_files.at("tokenizer.json"),
             write_options.embedded_files["tokenizer.json"]);
   EXPECT_TRUE((*native)->report().unplaced.empty()) << (*native)->report().Summary();
   EXPECT_EQ((*native)->provenance().load_mode, LoadMode::kMmapZeroCopy);

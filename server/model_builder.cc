@@ -1,0 +1,146 @@
+#include "server/model_builder.h"
+
+#include <algorithm>
+#include <fstream>
+#include <iterator>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "base/logging.h"
+#include "base/status_macros.h"
+#include "engine/mtp_draft_source.h"
+#include "kernels/backend_registry.h"
+#include "models/lifecycle.h"
+
+namespace kiln {
+namespace {
+
+namespace fs = std::filesystem;
+
+absl::StatusOr<std::string> ReadSecretFile(const std::string& path, absl::string_view field) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return absl::NotFoundError(absl::StrCat(field, ": cannot read ", path));
+  std::string secret((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (secret.size() > 4096) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", path, " is too large for a key"));
+  }
+  return secret;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<ModelBuilder>> ModelBuilder::Create(const ModelRoots* roots,
+                                                                   EngineOptions engine,
+                                                                   std::string default_backend) {
+  if (default_backend.empty()) default_backend = std::string(kDefaultBackend);
+  KILN_RETURN_IF_ERROR(KilnAnnotate(CheckBackendAvailable(default_backend), "default backend"));
+  return std::unique_ptr<ModelBuilder>(
+      new ModelBuilder(roots, std::move(engine), std::move(default_backend)));
+}
+
+absl::StatusOr<std::shared_ptr<Backend>> ModelBuilder::BackendFor(const std::string& name) {
+  absl::MutexLock lock(&mutex_);
+  auto it = backends_.find(name);
+  if (it != backends_.end()) return it->second;
+  // Created under the lock: two loads naming a new backend at once make it once.
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> created, CreateBackend(name));
+  LOG(INFO) << "backend " << name << ": " << created->description() << " on "
+            << created->device().ToString();
+  std::shared_ptr<Backend> backend(std::move(created));
+  backends_.emplace(name, backend);
+  return backend;
+}
+
+absl::StatusOr<TensorizerCheckpointOptions> ModelBuilder::TensorizerOptionsFor(
+    const ModelSpec& spec) const {
+  const TensorizerSpec& tz = spec.tensorizer;
+  TensorizerCheckpointOptions options;
+  options.verify_hashes = !tz.skip_hash_verification;
+  if (!tz.config_path.empty()) {
+    KILN_ASSIGN_OR_RETURN(options.config_path,
+                          roots_.Resolve(tz.config_path, "tensorizer.config_path"));
+  }
+  options.encryption_key = tz.encryption_key;
+  options.encryption_passphrase = tz.encryption_passphrase;
+  if (!tz.encryption_key_file.empty()) {
+    KILN_ASSIGN_OR_RETURN(options.encryption_key,
+                          ReadSecretFile(tz.encryption_key_file, "tensorizer.encryption_key_file"));
+    if (options.encryption_key.size() != 32) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("tensorizer.encryption_key_file: ", tz.encryption_key_file, " holds ",
+                       options.encryption_key.size(), " bytes; a key file holds the 32 raw bytes"));
+    }
+  }
+  if (!tz.encryption_passphrase_file.empty()) {
+    KILN_ASSIGN_OR_RETURN(
+        options.encryption_passphrase,
+        ReadSecretFile(tz.encryption_passphrase_file, "tensorizer.encryption_passphrase_file"));
+    // A text file's trailing newline is not part of the passphrase.
+    while (!options.encryption_passphrase.empty() &&
+           (options.encryption_passphrase.back() == '\n' ||
+            options.encryption_passphrase.back() == '\r')) {
+      options.encryption_passphrase.pop_back();
+    }
+  }
+  return options;
+}
+
+absl::StatusOr<BuiltModel> ModelBuilder::Build(const ModelSpec& spec, const fs::path& path) {
+  KILN_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, BackendFor(BackendName(spec)));
+  LoadOptions load_options;
+  KILN_ASSIGN_OR_RETURN(load_options.compute_dtype, ParseComputeDType(spec.dtype));
+  KILN_ASSIGN_OR_RETURN(load_options.tensorizer, TensorizerOptionsFor(spec));
+
+  KILN_ASSIGN_OR_RETURN(OpenedCheckpoint opened, OpenCheckpoint(path, load_options));
+  const CheckpointLocation location = opened.location;
+  if (!spec.format.empty() && spec.format != CheckpointFormatName(location.format)) {
+    return absl::InvalidArgumentError(absl::StrCat("format: ", path.string(), " is a ",
+                                                   CheckpointFormatName(location.format),
+                                                   " checkpoint, not ", spec.format));
+  }
+  load_options.step_capacity = EngineStepCapacity(engine_, opened.config.num_mtp_layers > 0);
+  BuiltModel built;
+  built.checkpoint_dir = location.dir;
+  built.side_files = std::make_shared<const SideFiles>(std::move(opened.side_files));
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<PreparedModel> prepared,
+                        PrepareCheckpoint(std::move(opened), backend, load_options));
+  built.model = std::shared_ptr<const PreparedModel>(std::move(prepared));
+  const ModelConfig& config = built.model->config();
+
+  const SideFiles& side = *built.side_files;
+  if (side.count("tokenizer.json") > 0 ||
+      (side.count("encoder.json") > 0 && side.count("vocab.bpe") > 0)) {
+    absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromFiles(
+        side, location.file.empty() ? location.dir.string() : location.file.string());
+    if (!tokenizer.ok()) return KilnAnnotate(tokenizer.status(), "tokenizer");
+    built.tokenizer = std::shared_ptr<const Tokenizer>(std::move(*tokenizer));
+  } else {
+    built.no_tokenizer_reason =
+        absl::StrCat("model '", spec.name,
+                     "' has no tokenizer (no tokenizer.json or encoder.json + vocab.bpe in ",
+                     location.dir.string(), ")");
+  }
+  if (built.tokenizer != nullptr && built.tokenizer->vocab_size() > config.vocab_size) {
+    LOG(WARNING) << "model '" << spec.name << "': the tokenizer has "
+                 << built.tokenizer->vocab_size() << " ids but the model only " << config.vocab_size
+                 << "; prompts with larger ids are refused";
+  }
+
+  EngineOptions engine_options = engine_;
+  if (built.model->num_mtp_heads() > 0) {
+    KILN_ASSIGN_OR_RETURN(engine_options.draft_source, MtpDraftSource::Create(built.model));
+  } else {
+    engine_options.default_num_draft_tokens = 0;  // the server default applies to MTP models
+  }
+  if (config.max_position_embeddings > 0) {
+    engine_options.max_context =
+        std::min<int64_t>(engine_options.max_context, config.max_position_embeddings);
+  }
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
+                        Engine::Create(built.model, built.tokenizer, engine_options));
+  built.engine = std::shared_ptr<Engine>(std::move(engine));
+  built.max_context = engine_options.max_context;
+  return built;
+}
+
+}  // namespace kiln

@@ -1,0 +1,34 @@
+// What a client asks to load (LoadModelRequest and ServerConfig.models in C++), and its one
+// validation.
+#pragma once
+
+#include <string>
+
+#include "absl/status/status.h"
+
+namespace kiln {
+
+// Tensorizer options of a ModelSpec (kiln.v1.TensorizerOptions in C++). Secrets are never logged.
+struct TensorizerSpec {
+  std::string config_path;  // inside a model root; "" = config.json beside the file
+  bool skip_hash_verification = false;
+  std::string encryption_key;  // 32 raw bytes
+  std::string encryption_passphrase;
+  std::string encryption_key_file;         // server-side file: 32 raw bytes
+  std::string encryption_passphrase_file;  // server-side file: the passphrase (one line)
+};
+
+struct ModelSpec {
+  std::string name;
+  std::string path;     // a model directory or a Tensorizer file inside one of the model roots
+  std::string format;   // "" (detect), "safetensors" or "tensorizer"
+  std::string dtype;    // "" (the checkpoint's), "bf16" or "f32"
+  std::string backend;  // "" (the server's default) or a backend name ("cpu")
+  TensorizerSpec tensorizer;
+};
+
+// InvalidArgument naming the field at fault (name, path, format, dtype, backend, tensorizer.*).
+// Whether the backend is available is the builder's to say (FailedPrecondition).
+absl::Status ValidateModelSpec(const ModelSpec& spec);
+
+}  // namespace kiln
