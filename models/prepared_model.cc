@@ -98,16 +98,15 @@ absl::Status PreparedModel::CheckChunk(std::span<const Chunk> chunks, size_t ind
 absl::Status PreparedModel::Forward(std::span<const SequenceChunk> chunks,
                                     std::vector<float>* logits,
                                     std::vector<float>* hidden_out) const {
-  std::vector<Chunk> planned;
-  planned.reserve(chunks.size());
-  for (const SequenceChunk& chunk : chunks) {
-    planned.push_back({chunk.cache, chunk.tokens, {}, chunk.all_logits});
-  }
-  for (size_t i = 0; i < planned.size(); ++i) {
-    KILN_RETURN_IF_ERROR(CheckChunk(planned, i, config_.num_hidden_layers));
-  }
   absl::MutexLock lock(&mutex_);
-  return Run(planned, nullptr, logits, hidden_out);
+  chunks_.clear();
+  for (const SequenceChunk& chunk : chunks) {
+    chunks_.push_back({chunk.cache, chunk.tokens, {}, chunk.all_logits});
+  }
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    KILN_RETURN_IF_ERROR(CheckChunk(chunks_, i, config_.num_hidden_layers));
+  }
+  return Run(chunks_, nullptr, logits, hidden_out);
 }
 
 absl::Status PreparedModel::MtpForward(int head_index, std::span<const MtpChunk> chunks,
@@ -118,22 +117,21 @@ absl::Status PreparedModel::MtpForward(int head_index, std::span<const MtpChunk>
         absl::StrCat("MTP head ", head_index, " does not exist (", num_mtp_heads(), " heads)"));
   }
   const int64_t hidden = config_.hidden_size;
-  std::vector<Chunk> planned;
-  planned.reserve(chunks.size());
+  absl::MutexLock lock(&mutex_);
+  chunks_.clear();
   for (const MtpChunk& chunk : chunks) {
-    planned.push_back({chunk.cache, chunk.tokens, chunk.hidden, chunk.all_logits});
+    chunks_.push_back({chunk.cache, chunk.tokens, chunk.hidden, chunk.all_logits});
   }
-  for (size_t i = 0; i < planned.size(); ++i) {
-    KILN_RETURN_IF_ERROR(CheckChunk(planned, i, /*cache_layers=*/1));
-    const int64_t n = static_cast<int64_t>(planned[i].tokens.size());
-    if (static_cast<int64_t>(planned[i].hidden.size()) != n * hidden) {
+  for (size_t i = 0; i < chunks_.size(); ++i) {
+    KILN_RETURN_IF_ERROR(CheckChunk(chunks_, i, /*cache_layers=*/1));
+    const int64_t n = static_cast<int64_t>(chunks_[i].tokens.size());
+    if (static_cast<int64_t>(chunks_[i].hidden.size()) != n * hidden) {
       return absl::InvalidArgumentError(absl::StrCat("MTP chunk of ", n, " tokens needs ",
                                                      n * hidden, " hidden values, got ",
-                                                     planned[i].hidden.size()));
+                                                     chunks_[i].hidden.size()));
     }
   }
-  absl::MutexLock lock(&mutex_);
-  return Run(planned, &mtp_heads_[static_cast<size_t>(head_index)], logits, hidden_out);
+  return Run(chunks_, &mtp_heads_[static_cast<size_t>(head_index)], logits, hidden_out);
 }
 
 // Rows are taken in chunk order and cut into sub-steps at the capacity; a chunk cut in two runs
@@ -141,7 +139,7 @@ absl::Status PreparedModel::MtpForward(int head_index, std::span<const MtpChunk>
 // computes too (causal attention reads only earlier positions).
 absl::Status PreparedModel::Run(std::span<const Chunk> chunks, const MtpHead* head,
                                 std::vector<float>* logits, std::vector<float>* hidden_out) const {
-  std::vector<Piece> pieces;
+  std::vector<Piece>& pieces = pieces_;
   size_t next = 0;
   int64_t offset = 0;  // of chunks[next]
   while (next < chunks.size()) {

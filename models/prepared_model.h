@@ -183,8 +183,11 @@ class PreparedModel {
   size_t scratch_bytes_ = 0;
   mutable absl::Mutex mutex_;
   std::unique_ptr<ExecutionContext> context_ ABSL_PT_GUARDED_BY(mutex_);
-  StepBuffers buffers_;                                // views into context_'s arena
-  mutable StepMetadata step_ ABSL_GUARDED_BY(mutex_);  // built per sub-step, memory reused
+  StepBuffers buffers_;  // views into context_'s arena
+  // Built per step and sub-step; their memory is reused, so a warm step allocates nothing.
+  mutable std::vector<Chunk> chunks_ ABSL_GUARDED_BY(mutex_);
+  mutable std::vector<Piece> pieces_ ABSL_GUARDED_BY(mutex_);
+  mutable StepMetadata step_ ABSL_GUARDED_BY(mutex_);
 };
 
 }  // namespace kiln
