@@ -2,7 +2,6 @@
 
 #include <algorithm>
 
-#include "absl/container/flat_hash_set.h"
 #include "absl/strings/str_cat.h"
 
 namespace kiln {
@@ -43,7 +42,6 @@ absl::Status ValidateStep(const StepMetadata& step, const StepLimits& limits) {
     return invalid(step.sequences.size(), " sequences exceed the context's limit of ",
                    limits.max_sequences);
   }
-  absl::flat_hash_set<const float*> caches;
   int64_t next_row = 0;
   for (size_t s = 0; s < step.sequences.size(); ++s) {
     const StepSequence& seq = step.sequences[s];
@@ -54,8 +52,11 @@ absl::Status ValidateStep(const StepMetadata& step, const StepLimits& limits) {
     if (seq.kv.data == nullptr || seq.kv.layers <= 0 || seq.kv.kv_dim <= 0) {
       return invalid("sequence ", s, " has no KV cache");
     }
-    if (!caches.insert(seq.kv.data).second) {
-      return absl::InvalidArgumentError("two chunks of one step share a KV cache");
+    // Quadratic, but over a step's few sequences, and it allocates nothing.
+    for (size_t earlier = 0; earlier < s; ++earlier) {
+      if (step.sequences[earlier].kv.data == seq.kv.data) {
+        return absl::InvalidArgumentError("two chunks of one step share a KV cache");
+      }
     }
     if (seq.start_position < 0 || seq.start_position + seq.rows > seq.kv.capacity) {
       return absl::OutOfRangeError(absl::StrCat("sequence of ", seq.start_position + seq.rows,

@@ -194,7 +194,8 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
   KILN_ASSIGN_OR_RETURN(model->weights_, backend->Prepare(plan));
   PreparedWeights& prepared = model->weights_;
   if (prepared.linears.size() != linear_slots.size() ||
-      prepared.constants.size() != constant_slots.size()) {
+      prepared.constants.size() != constant_slots.size() ||
+      prepared.zero_copy.size() != constant_slots.size()) {
     return absl::InternalError(absl::StrCat("backend ", backend->name(),
                                             " prepared a different number of tensors than asked"));
   }
