@@ -178,8 +178,14 @@ void Engine::Shutdown(bool drain) {
 }
 
 EngineStats Engine::stats() const {
-  absl::MutexLock lock(&mutex_);
-  return stats_;
+  EngineStats stats;
+  {
+    absl::MutexLock lock(&mutex_);
+    stats = stats_;
+  }
+  const KvPool& pool = model_->kv_pool();
+  stats.kv_cache_bytes = static_cast<uint64_t>(pool.stats().used_blocks) * pool.block_bytes();
+  return stats;
 }
 
 void Engine::Finish(Sequence& sequence, FinishReason reason, absl::Status status) {
@@ -208,10 +214,8 @@ void Engine::Finish(Sequence& sequence, FinishReason reason, absl::Status status
   sequence.finished = true;
   sequence.draft.reset();
   if (sequence.cache.has_value()) {
-    const uint64_t bytes = sequence.cache->bytes();
     sequence.cache.reset();  // frees the KV cache now, before the client hears of the end
     absl::MutexLock lock(&mutex_);
-    stats_.kv_cache_bytes -= bytes;
     stats_.running--;
   }
   sequence.on_update(std::move(update));
@@ -257,9 +261,12 @@ void Engine::Admit() {
         continue;
       }
       sequence->cache.emplace(std::move(*cache));
-      absl::MutexLock lock(&mutex_);
-      stats_.kv_cache_bytes += sequence->cache->bytes();
-      stats_.running++;
+      {
+        // Only the counters: callbacks, sessions and allocations run without the lock (Finish
+        // takes it too).
+        absl::MutexLock lock(&mutex_);
+        stats_.running++;
+      }
       if (tokenizer_ != nullptr)
         sequence->decoder.emplace(*tokenizer_, /*skip_special_tokens=*/true);
       if (sequence->num_draft_tokens > 0) {
@@ -507,7 +514,6 @@ void Engine::Loop() {
   absl::MutexLock lock(&mutex_);
   stats_.running = 0;
   stats_.waiting = 0;
-  stats_.kv_cache_bytes = 0;
 }
 
 }  // namespace kiln

@@ -86,7 +86,7 @@ StepCapacity EngineStepCapacity(const EngineOptions& options, bool speculative);
 struct EngineStats {
   int32_t running = 0;
   int32_t waiting = 0;
-  uint64_t kv_cache_bytes = 0;  // held by running sequences
+  uint64_t kv_cache_bytes = 0;  // KV pool blocks held by sequences (running and drafting)
   // Cumulative over the engine's life:
   uint64_t steps = 0;             // steps run, i.e. target forwards (verification included)
   uint64_t generated_tokens = 0;  // tokens sent to clients

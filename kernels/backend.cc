@@ -62,14 +62,17 @@ absl::Status ExecutionContext::CheckKvLayer(absl::string_view op, int64_t layer,
     return OpError(op, "invalid attention shape: ", shape.n_heads, " heads, ", shape.n_kv_heads,
                    " kv heads, head_dim ", shape.head_dim);
   }
-  for (const StepSequence& seq : step_.sequences) {
-    if (layer < 0 || layer >= seq.kv.layers) {
-      return OpError(op, "layer ", layer, " is outside a KV cache of ", seq.kv.layers, " layers");
-    }
-    if (seq.kv.kv_dim != shape.kv_dim()) {
-      return OpError(op, "KV cache rows hold ", seq.kv.kv_dim, " values; the shape needs ",
-                     shape.kv_dim());
-    }
+  const KvPoolRef& pool = step_.pool;
+  if (!(pool.device == device_)) {
+    return OpError(op, "the KV pool lives on ", pool.device.ToString(), ", not on ",
+                   device_.ToString());
+  }
+  if (layer < 0 || layer >= pool.layers) {
+    return OpError(op, "layer ", layer, " is outside a KV pool of ", pool.layers, " layers");
+  }
+  if (pool.kv_dim != shape.kv_dim()) {
+    return OpError(op, "KV pool rows hold ", pool.kv_dim, " values; the shape needs ",
+                   shape.kv_dim());
   }
   return absl::OkStatus();
 }
@@ -81,6 +84,8 @@ absl::Status ExecutionContext::BeginStep(const StepMetadata& step) {
   step_.positions.assign(step.positions.begin(), step.positions.end());
   step_.row_sequence.assign(step.row_sequence.begin(), step.row_sequence.end());
   step_.sequences.assign(step.sequences.begin(), step.sequences.end());
+  step_.block_tables.assign(step.block_tables.begin(), step.block_tables.end());
+  step_.pool = step.pool;
   step_.gather_rows.assign(step.gather_rows.begin(), step.gather_rows.end());
   return DoBeginStep(step_);
 }

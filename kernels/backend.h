@@ -225,6 +225,8 @@ class Backend {
   virtual bool reads_host_memory() const = 0;
 
   // ---- Memory (synchronous) --------------------------------------------------------------------
+  // Bytes the device could still hand out now (what sizes default pools); 0 when unknown.
+  virtual uint64_t available_memory() const = 0;
   virtual absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) = 0;
   // Copies `bytes` from host memory to `dst` at `offset`, and back.
   virtual absl::Status Upload(const void* host, size_t bytes, const DeviceBuffer& dst,

@@ -11,13 +11,16 @@ void StepMetadata::Clear() {
   positions.clear();
   row_sequence.clear();
   sequences.clear();
+  block_tables.clear();
   gather_rows.clear();
 }
 
 void StepMetadata::AddSequence(const int32_t* tokens, int64_t count, int64_t start_position,
-                               const KvCacheRef& kv) {
+                               std::span<const int32_t> block_table) {
   const int32_t index = static_cast<int32_t>(sequences.size());
-  sequences.push_back({rows(), count, start_position, kv});
+  sequences.push_back({rows(), count, start_position, static_cast<int64_t>(block_tables.size()),
+                       static_cast<int64_t>(block_table.size())});
+  block_tables.insert(block_tables.end(), block_table.begin(), block_table.end());
   token_ids.insert(token_ids.end(), tokens, tokens + count);
   for (int64_t i = 0; i < count; ++i) {
     positions.push_back(static_cast<int32_t>(start_position + i));
@@ -42,6 +45,10 @@ absl::Status ValidateStep(const StepMetadata& step, const StepLimits& limits) {
     return invalid(step.sequences.size(), " sequences exceed the context's limit of ",
                    limits.max_sequences);
   }
+  if (!step.sequences.empty() && (step.pool.data == nullptr || step.pool.block_size <= 0 ||
+                                  step.pool.layers <= 0 || step.pool.kv_dim <= 0)) {
+    return invalid("no KV pool");
+  }
   int64_t next_row = 0;
   for (size_t s = 0; s < step.sequences.size(); ++s) {
     const StepSequence& seq = step.sequences[s];
@@ -49,19 +56,22 @@ absl::Status ValidateStep(const StepMetadata& step, const StepLimits& limits) {
       return invalid("sequence ", s, " has rows [", seq.first_row, ", +", seq.rows,
                      "); expected a non-empty range from row ", next_row);
     }
-    if (seq.kv.data == nullptr || seq.kv.layers <= 0 || seq.kv.kv_dim <= 0) {
-      return invalid("sequence ", s, " has no KV cache");
+    if (seq.start_position < 0 || seq.table_offset < 0 || seq.table_size < 0 ||
+        seq.table_offset + seq.table_size > static_cast<int64_t>(step.block_tables.size())) {
+      return invalid("sequence ", s, " has an invalid start position or block table");
     }
-    // Quadratic, but over a step's few sequences, and it allocates nothing.
-    for (size_t earlier = 0; earlier < s; ++earlier) {
-      if (step.sequences[earlier].kv.data == seq.kv.data) {
-        return absl::InvalidArgumentError("two chunks of one step share a KV cache");
+    const int64_t needed = seq.start_position + seq.rows;
+    if (seq.table_size * step.pool.block_size < needed) {
+      return invalid("sequence ", s, "'s block table of ", seq.table_size, " blocks holds ",
+                     seq.table_size * step.pool.block_size, " positions; the step writes up to ",
+                     needed);
+    }
+    const int32_t* table = step.table(seq);
+    for (int64_t b = 0; b < seq.table_size; ++b) {
+      if (table[b] < 0 || table[b] >= step.pool.num_blocks) {
+        return invalid("sequence ", s, " names block ", table[b], " of a pool of ",
+                       step.pool.num_blocks);
       }
-    }
-    if (seq.start_position < 0 || seq.start_position + seq.rows > seq.kv.capacity) {
-      return absl::OutOfRangeError(absl::StrCat("sequence of ", seq.start_position + seq.rows,
-                                                " tokens exceeds its KV cache capacity of ",
-                                                seq.kv.capacity));
     }
     for (int64_t i = 0; i < seq.rows; ++i) {
       const size_t r = static_cast<size_t>(seq.first_row + i);

@@ -6,32 +6,43 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "kernels/buffer.h"
 
 namespace kiln {
 
-// Where one sequence's keys and values live: fp32, in backend memory, laid out as
-// [layers][keys, values][capacity][kv_dim]. Positions [0, start_position) of the step's sequence
-// are already written; the step writes the next `rows`.
-struct KvCacheRef {
+// The KV pool every sequence of a step reads and writes: `num_blocks` fixed-size blocks in
+// backend memory, each holding `block_size` positions of every layer as fp32
+// [layers][keys, values][block_size][kv_dim]. A sequence's block table lists its blocks in
+// position order: position p lives in block table[p / block_size] at row p % block_size.
+struct KvPoolRef {
   float* data = nullptr;
+  Device device;
+  int64_t num_blocks = 0;
+  int64_t block_size = 0;  // positions per block
   int64_t layers = 0;
-  int64_t capacity = 0;  // positions per layer
-  int64_t kv_dim = 0;    // num_key_value_heads × head_dim
+  int64_t kv_dim = 0;  // num_key_value_heads × head_dim
 
-  float* keys(int64_t layer) const { return data + (layer * 2) * capacity * kv_dim; }
-  float* values(int64_t layer) const { return data + (layer * 2 + 1) * capacity * kv_dim; }
+  int64_t block_floats() const { return layers * 2 * block_size * kv_dim; }
+  // The first key (which = 0) or value (which = 1) row of `layer` in `block`; the block's rows
+  // follow it contiguously.
+  float* rows(int32_t block, int64_t layer, int which) const {
+    return data + block * block_floats() + (layer * 2 + which) * block_size * kv_dim;
+  }
 };
 
 // The rows of one sequence in a step: rows [first_row, first_row + rows) hold its new tokens at
-// positions [start_position, start_position + rows).
+// positions [start_position, start_position + rows); positions below start_position are already
+// in its blocks. Its block table is StepMetadata::block_tables[table_offset, + table_size).
 struct StepSequence {
   int64_t first_row = 0;
   int64_t rows = 0;
   int64_t start_position = 0;
-  KvCacheRef kv;
+  int64_t table_offset = 0;
+  int64_t table_size = 0;
 };
 
 // One step: `rows()` tokens of `sequences.size()` sequences, in sequence order.
@@ -40,16 +51,22 @@ struct StepMetadata {
   std::vector<int32_t> positions;     // per row: its absolute position in its sequence
   std::vector<int32_t> row_sequence;  // per row: index into `sequences`
   std::vector<StepSequence> sequences;
+  std::vector<int32_t> block_tables;  // every sequence's block table, back to back
   // Rows whose outputs GatherRows collects (the rows that want logits or hidden states),
   // ascending.
   std::vector<int32_t> gather_rows;
+  KvPoolRef pool;
 
   int64_t rows() const { return static_cast<int64_t>(token_ids.size()); }
+  const int32_t* table(const StepSequence& sequence) const {
+    return block_tables.data() + sequence.table_offset;
+  }
   // Empties every list and keeps their memory, so building the next step allocates nothing.
   void Clear();
-  // Appends a sequence's `tokens` (the per-row entries follow from its first row and position).
+  // Appends a sequence's `tokens` (the per-row entries follow from its first row and position)
+  // and its block table.
   void AddSequence(const int32_t* tokens, int64_t count, int64_t start_position,
-                   const KvCacheRef& kv);
+                   std::span<const int32_t> block_table);
 };
 
 // What an execution context was sized for (ContextOptions).
@@ -59,9 +76,10 @@ struct StepLimits {
 };
 
 // Checks that the per-row lists agree with the sequences (rows partitioned in order, positions
-// consecutive from start_position), that every cache has room for its rows and is used by one
-// sequence only, that gather rows ascend within the step, and that the step fits `limits`.
-// InvalidArgument (OutOfRange for a full cache) naming what is wrong.
+// consecutive from start_position), that every block table covers its sequence's positions with
+// blocks of the pool, that gather rows ascend within the step, and that the step fits `limits`.
+// InvalidArgument naming what is wrong. (Sequences may share blocks — a cached prefix — so
+// whether a sequence writes only its own is the caller's to ensure.)
 absl::Status ValidateStep(const StepMetadata& step, const StepLimits& limits);
 
 }  // namespace kiln

@@ -122,6 +122,7 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PrepareCheckpoint(OpenedCheckpoin
   PostLoadOptions post_load;
   post_load.compute_dtype = options.compute_dtype;
   post_load.step_capacity = options.step_capacity;
+  post_load.kv_pool = options.kv_pool;
   const std::string where =
       opened.location.file.empty() ? opened.location.dir.string() : opened.location.file.string();
   absl::StatusOr<std::unique_ptr<PreparedModel>> model =

@@ -32,6 +32,7 @@ struct CheckpointLocation {
 struct LoadOptions {
   std::optional<DType> compute_dtype;  // see PostLoadOptions
   StepCapacity step_capacity;          // see PostLoadOptions
+  KvPoolOptions kv_pool;               // see PostLoadOptions
   TensorizerCheckpointOptions tensorizer;
 };
 

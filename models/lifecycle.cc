@@ -219,6 +219,15 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
     absl::MutexLock lock(&model->mutex_);
     model->context_ = std::move(context);
   }
+  // The KV pool: every layer's keys and values, and one layer slot per MTP head.
+  KvPoolOptions pool_options = options.kv_pool;
+  const int64_t pool_layers = c.num_hidden_layers + static_cast<int64_t>(model->mtp_heads_.size());
+  if (pool_options.bytes == 0) {
+    pool_options.bytes = KvPoolDefaultBytes(*backend, pool_layers, c.kv_dim(), 16,
+                                            std::min<int64_t>(c.max_position_embeddings, 4096));
+  }
+  KILN_ASSIGN_OR_RETURN(model->kv_pool_,
+                        KvPool::Create(*backend, pool_layers, c.kv_dim(), pool_options));
   model->report_ = std::move(bound.report);
   model->source_ = std::move(bound.source);  // after this, `bound`'s record pointers are unused
   return model;
@@ -244,8 +253,10 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> BuildPreparedModel(WeightSource s
             << model->backend_description() << "): prepared " << model->weight_bytes()
             << " bytes as " << DTypeName(model->compute_dtype())
             << (model->embedding_zero_copy() ? ", embedding read in place" : "") << ", arena "
-            << model->scratch_bytes() << " bytes, in " << model->timings().post_load_seconds
-            << " s";
+            << model->scratch_bytes() << " bytes, KV pool " << model->kv_pool().bytes()
+            << " bytes (" << model->kv_pool().num_blocks() << " blocks of "
+            << model->kv_pool().block_size() << " positions), in "
+            << model->timings().post_load_seconds << " s";
   return model;
 }
 

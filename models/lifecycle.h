@@ -7,6 +7,7 @@
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
+#include "models/kv_pool.h"
 #include "models/model_config.h"
 #include "models/prepared_model.h"
 #include "models/weight_source.h"
@@ -18,6 +19,9 @@ struct PostLoadOptions {
   std::optional<DType> compute_dtype;
   // The largest step the execution context is sized for (larger ones run as sub-steps).
   StepCapacity step_capacity;
+  // The KV pool; a budget of 0 sizes it for 16 sequences of min(max_position_embeddings, 4096)
+  // positions, at most a quarter of the backend's available memory.
+  KvPoolOptions kv_pool;
 };
 
 // The compute dtype a user names ("", "bf16" or "f32"; any case): nullopt for "" (the

@@ -54,14 +54,26 @@ size_t PreparedModel::bytes_streamed_per_token() const {
 }
 
 absl::StatusOr<KvCache> PreparedModel::NewCache(int64_t capacity) const {
+  if (capacity <= 0) return absl::InvalidArgumentError("KV cache capacity must be positive");
   KILN_RETURN_IF_ERROR(CheckContext(config_, capacity));
-  return KvCache::Create(*backend_, config_.num_hidden_layers, config_.kv_dim(), capacity);
+  return KvCache(kv_pool_, config_.num_hidden_layers, capacity);
 }
 
 absl::StatusOr<KvCache> PreparedModel::NewMtpCache(int64_t capacity) const {
   if (mtp_heads_.empty()) return absl::FailedPreconditionError("the model has no MTP heads");
+  if (capacity <= 0) return absl::InvalidArgumentError("KV cache capacity must be positive");
   KILN_RETURN_IF_ERROR(CheckContext(config_, capacity));
-  return KvCache::Create(*backend_, /*layers=*/1, config_.kv_dim(), capacity);
+  return KvCache(kv_pool_, /*layers=*/1, capacity);
+}
+
+absl::StatusOr<KvCache> PreparedModel::NewMtpCache(const KvCache& target, int64_t capacity) const {
+  if (mtp_heads_.empty()) return absl::FailedPreconditionError("the model has no MTP heads");
+  if (target.pool() != kv_pool_.get() || target.layers() != config_.num_hidden_layers) {
+    return absl::InvalidArgumentError("the target KV cache was not made by this model");
+  }
+  if (capacity <= 0) return absl::InvalidArgumentError("KV cache capacity must be positive");
+  KILN_RETURN_IF_ERROR(CheckContext(config_, capacity));
+  return target.Share(/*layers=*/1, capacity);
 }
 
 absl::Status PreparedModel::CheckChunk(std::span<const Chunk> chunks, size_t index,
@@ -74,8 +86,7 @@ absl::Status PreparedModel::CheckChunk(std::span<const Chunk> chunks, size_t ind
       return absl::InvalidArgumentError("two chunks of one step share a KV cache");
     }
   }
-  if (cache->kv_dim() != config_.kv_dim() || cache->layers() != cache_layers ||
-      !(cache->device() == backend_->device())) {
+  if (cache->pool() != kv_pool_.get() || cache->layers() != cache_layers) {
     return absl::InvalidArgumentError(absl::StrCat(cache_layers == 1 ? "MTP chunk's" : "sequence's",
                                                    " KV cache was not made by this model"));
   }
@@ -95,6 +106,14 @@ absl::Status PreparedModel::CheckChunk(std::span<const Chunk> chunks, size_t ind
   return absl::OkStatus();
 }
 
+absl::Status PreparedModel::ReserveBlocks(std::span<const Chunk> chunks) const {
+  for (const Chunk& chunk : chunks) {
+    KILN_RETURN_IF_ERROR(
+        chunk.cache->Reserve(chunk.cache->length() + static_cast<int64_t>(chunk.tokens.size())));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status PreparedModel::Forward(std::span<const SequenceChunk> chunks,
                                     std::vector<float>* logits,
                                     std::vector<float>* hidden_out) const {
@@ -106,6 +125,7 @@ absl::Status PreparedModel::Forward(std::span<const SequenceChunk> chunks,
   for (size_t i = 0; i < chunks_.size(); ++i) {
     KILN_RETURN_IF_ERROR(CheckChunk(chunks_, i, config_.num_hidden_layers));
   }
+  KILN_RETURN_IF_ERROR(ReserveBlocks(chunks_));
   return Run(chunks_, nullptr, logits, hidden_out);
 }
 
@@ -131,6 +151,7 @@ absl::Status PreparedModel::MtpForward(int head_index, std::span<const MtpChunk>
                                                      chunks_[i].hidden.size()));
     }
   }
+  KILN_RETURN_IF_ERROR(ReserveBlocks(chunks_));
   return Run(chunks_, &mtp_heads_[static_cast<size_t>(head_index)], logits, hidden_out);
 }
 
@@ -144,6 +165,7 @@ absl::Status PreparedModel::Run(std::span<const Chunk> chunks, const MtpHead* he
   int64_t offset = 0;  // of chunks[next]
   while (next < chunks.size()) {
     step_.Clear();
+    step_.pool = kv_pool_->ref();
     pieces.clear();
     int64_t rows = 0;
     while (next < chunks.size() && rows < capacity_.max_rows &&
@@ -153,7 +175,7 @@ absl::Status PreparedModel::Run(std::span<const Chunk> chunks, const MtpHead* he
       const int64_t take = std::min(total - offset, capacity_.max_rows - rows);
       const int64_t first_row = rows;
       step_.AddSequence(chunk.tokens.data() + offset, take, chunk.cache->length(),
-                        chunk.cache->ref());
+                        chunk.cache->blocks());
       for (int64_t t = chunk.all_logits ? 0 : total - 1 - offset; t < take; ++t) {
         step_.gather_rows.push_back(static_cast<int32_t>(first_row + t));
       }
@@ -210,7 +232,10 @@ absl::Status PreparedModel::RunSubStep(std::span<const Piece> pieces, const MtpH
       ctx.RmsNorm(embedded, head->embedding_norm, eps, concat.Cols(e_col, hidden)));
   KILN_RETURN_IF_ERROR(ctx.RmsNorm(hidden_in, head->hidden_norm, eps, concat.Cols(h_col, hidden)));
   KILN_RETURN_IF_ERROR(ctx.Linear(*head->proj, concat, x));
-  KILN_RETURN_IF_ERROR(RunDecoderLayer(ctx, config_, head->block, rope_inv_freq_, 0, buffers_));
+  // The head's layer slot in the pool follows the main layers.
+  const int64_t head_layer = config_.num_hidden_layers + (head - mtp_heads_.data());
+  KILN_RETURN_IF_ERROR(
+      RunDecoderLayer(ctx, config_, head->block, rope_inv_freq_, head_layer, buffers_));
   if (hidden_out != nullptr && !head->info.next_hidden_normed) {
     // DeepSeek: a further draft step reads h' before the head's final norm.
     KILN_RETURN_IF_ERROR(AppendToHost(ctx, x, hidden_out));

@@ -84,8 +84,11 @@ class PreparedModel {
   StageTimings& timings() { return timings_; }
   const StageTimings& timings() const { return timings_; }
 
-  // A KV cache for one sequence, in the backend's memory.
+  // An empty KV cache for one sequence of up to `capacity` positions; it takes blocks of the
+  // model's KV pool as it grows.
   absl::StatusOr<KvCache> NewCache(int64_t capacity) const;
+  // The model's KV pool (blocks in the backend's memory, allocated once at PostLoad).
+  KvPool& kv_pool() const { return *kv_pool_; }
 
   // Runs all chunks as one batched step: every GEMM covers the tokens of all chunks (a step
   // larger than step_capacity() runs as several sub-steps, with the same results). Calls are
@@ -104,8 +107,10 @@ class PreparedModel {
   const MtpHeadInfo& mtp_head_info(int head) const {
     return mtp_heads_[static_cast<size_t>(head)].info;
   }
-  // A one-layer KV cache for one MTP head of one sequence (each head needs its own).
+  // A one-layer KV cache for one MTP head of one sequence (each head needs its own), in blocks of
+  // its own; with `target`, in the layer slot of `target`'s blocks (no blocks of its own).
   absl::StatusOr<KvCache> NewMtpCache(int64_t capacity) const;
+  absl::StatusOr<KvCache> NewMtpCache(const KvCache& target, int64_t capacity) const;
 
   // One MTP draft step of head `head` over all chunks as one batch (docs/mtp.md):
   //   e = Embed(t) (0 at position 0 for the DeepSeek and MiMo layouts)
@@ -144,6 +149,8 @@ class PreparedModel {
   // Checks one chunk (a cache of this model with room, tokens in the vocabulary, a cache used by
   // no earlier chunk of `chunks`).
   absl::Status CheckChunk(std::span<const Chunk> chunks, size_t index, int64_t cache_layers) const;
+  // Backs every chunk's new positions with blocks of the pool (ResourceExhausted when it is out).
+  absl::Status ReserveBlocks(std::span<const Chunk> chunks) const;
   // Runs the chunks (`head` null: the main model) as sub-steps that fit the step capacity.
   absl::Status Run(std::span<const Chunk> chunks, const MtpHead* head, std::vector<float>* logits,
                    std::vector<float>* hidden_out) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
@@ -178,6 +185,8 @@ class PreparedModel {
   std::unique_ptr<PackedLinear> lm_head_;
   std::vector<Layer> layers_;
   std::vector<MtpHead> mtp_heads_;
+  // Layer slots: the main layers, then one per MTP head.
+  std::shared_ptr<KvPool> kv_pool_;
 
   StepCapacity capacity_;
   size_t scratch_bytes_ = 0;

@@ -1,10 +1,13 @@
 #include "kernels/cpu/cpu_backend.h"
 
 #include <omp.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
+#include <fstream>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <string>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -105,13 +108,16 @@ class CpuContext final : public ExecutionContext {
                    s.positions.data(), inv_freq.f32());
     cpu::ApplyRope(rows + q_dim, s.rows(), qkv.row_stride, shape.n_kv_heads, shape.head_dim,
                    s.positions.data(), inv_freq.f32());
+    const int64_t block_size = s.pool.block_size;
     for (const StepSequence& seq : s.sequences) {
-      float* keys = seq.kv.keys(layer) + seq.start_position * kv_dim;
-      float* values = seq.kv.values(layer) + seq.start_position * kv_dim;
+      const int32_t* table = s.table(seq);
       for (int64_t t = 0; t < seq.rows; ++t) {
+        const int64_t p = seq.start_position + t;
+        const int32_t block = table[p / block_size];
+        const int64_t offset = (p % block_size) * kv_dim;
         const float* src = rows + (seq.first_row + t) * qkv.row_stride + q_dim;
-        std::copy(src, src + kv_dim, keys + t * kv_dim);
-        std::copy(src + kv_dim, src + 2 * kv_dim, values + t * kv_dim);
+        std::copy(src, src + kv_dim, s.pool.rows(block, layer, 0) + offset);
+        std::copy(src + kv_dim, src + 2 * kv_dim, s.pool.rows(block, layer, 1) + offset);
       }
     }
     return absl::OkStatus();
@@ -119,11 +125,12 @@ class CpuContext final : public ExecutionContext {
 
   absl::Status DoAttention(const TensorView& qkv, const AttentionShape& shape, int64_t layer,
                            const TensorView& out) override {
-    const int64_t kv_dim = shape.kv_dim();
-    for (const StepSequence& seq : step().sequences) {
+    const StepMetadata& s = step();
+    for (const StepSequence& seq : s.sequences) {
+      const cpu::PagedKv kv{s.pool, s.table(seq), layer};
       cpu::CausalAttention(shape, qkv.f32() + seq.first_row * qkv.row_stride, qkv.row_stride,
-                           seq.rows, seq.start_position, seq.kv.keys(layer), seq.kv.values(layer),
-                           kv_dim, out.f32() + seq.first_row * out.row_stride, out.row_stride);
+                           seq.rows, seq.start_position, kv,
+                           out.f32() + seq.first_row * out.row_stride, out.row_stride);
     }
     return absl::OkStatus();
   }
@@ -176,6 +183,20 @@ class CpuBackend final : public Backend {
   std::string description() const override { return description_; }
   Device device() const override { return Device{}; }
   bool reads_host_memory() const override { return true; }
+
+  // MemAvailable of /proc/meminfo: free memory plus what the kernel can reclaim (page cache).
+  uint64_t available_memory() const override {
+    std::ifstream meminfo("/proc/meminfo");
+    std::string key;
+    uint64_t kib = 0;
+    std::string unit;
+    while (meminfo >> key >> kib >> unit) {
+      if (key == "MemAvailable:") return kib * 1024;
+    }
+    const long pages = sysconf(_SC_AVPHYS_PAGES);
+    const long page_size = sysconf(_SC_PAGESIZE);
+    return pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * page_size : 0;
+  }
 
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override {
     return DeviceBuffer::Allocate(cpu::HostMemory(), bytes);

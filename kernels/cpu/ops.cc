@@ -125,10 +125,12 @@ void EmbeddingLookup(const WeightView& table, const int32_t* ids, int64_t n, flo
 }
 
 void CausalAttention(const AttentionShape& shape, const float* q, int64_t q_stride,
-                     int64_t n_tokens, int64_t start_pos, const float* k_cache,
-                     const float* v_cache, int64_t kv_stride, float* out, int64_t out_stride) {
+                     int64_t n_tokens, int64_t start_pos, const PagedKv& kv, float* out,
+                     int64_t out_stride) {
   const int64_t n_heads = shape.n_heads;
   const int64_t head_dim = shape.head_dim;
+  const int64_t kv_dim = kv.pool.kv_dim;
+  const int64_t block_size = kv.pool.block_size;
   const int64_t group = std::max<int64_t>(1, n_heads / std::max<int64_t>(1, shape.n_kv_heads));
   const int64_t context = start_pos + n_tokens;
   const float scale = shape.scale;
@@ -144,13 +146,18 @@ void CausalAttention(const AttentionShape& shape, const float* q, int64_t q_stri
         const int64_t kv_offset = (h / group) * head_dim;
         const int64_t len = start_pos + t + 1;  // causal: keys 0 .. start_pos + t
         float max_score = -std::numeric_limits<float>::infinity();
-        for (int64_t p = 0; p < len; ++p) {
-          const float* kv = k_cache + p * kv_stride + kv_offset;
-          float dot = 0.0f;
+        // Block by block: the rows inside a block are contiguous.
+        for (int64_t first = 0, b = 0; first < len; first += block_size, ++b) {
+          const float* keys = kv.keys(b) + kv_offset;
+          const int64_t end = std::min(len - first, block_size);
+          for (int64_t o = 0; o < end; ++o) {
+            const float* kr = keys + o * kv_dim;
+            float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t i = 0; i < head_dim; ++i) dot += qv[i] * kv[i];
-          scores[p] = dot * scale;
-          max_score = std::max(max_score, scores[p]);
+            for (int64_t i = 0; i < head_dim; ++i) dot += qv[i] * kr[i];
+            scores[first + o] = dot * scale;
+            max_score = std::max(max_score, scores[first + o]);
+          }
         }
         float sum = 0.0f;
         for (int64_t p = 0; p < len; ++p) {
@@ -159,11 +166,15 @@ void CausalAttention(const AttentionShape& shape, const float* q, int64_t q_stri
         }
         float* a = acc.data();
         std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t p = 0; p < len; ++p) {
-          const float* vv = v_cache + p * kv_stride + kv_offset;
-          const float w = scores[p];
+        for (int64_t first = 0, b = 0; first < len; first += block_size, ++b) {
+          const float* values = kv.values(b) + kv_offset;
+          const int64_t end = std::min(len - first, block_size);
+          for (int64_t o = 0; o < end; ++o) {
+            const float* vr = values + o * kv_dim;
+            const float w = scores[first + o];
 #pragma omp simd
-          for (int64_t i = 0; i < head_dim; ++i) a[i] += w * vv[i];
+            for (int64_t i = 0; i < head_dim; ++i) a[i] += w * vr[i];
+          }
         }
         const float inv_sum = 1.0f / sum;
         float* o = out + t * out_stride + h * head_dim;

@@ -40,14 +40,24 @@ void Add(float* y, int64_t y_stride, const float* x, int64_t x_stride, int64_t r
 void EmbeddingLookup(const WeightView& table, const int32_t* ids, int64_t n, float* out,
                      int64_t out_stride);
 
+// One layer of one sequence in the KV pool: position p's key row is at
+// keys(table[p / block_size]) + (p % block_size)·kv_dim, likewise its value row.
+struct PagedKv {
+  KvPoolRef pool;
+  const int32_t* table = nullptr;
+  int64_t layer = 0;
+
+  const float* keys(int64_t block) const { return pool.rows(table[block], layer, 0); }
+  const float* values(int64_t block) const { return pool.rows(table[block], layer, 1); }
+};
+
 // Causal grouped-query attention for n_tokens new queries of one sequence at absolute
-// positions start_pos .. start_pos+n_tokens-1, over a cache that already holds keys and values
-// for positions 0 .. start_pos+n_tokens-1.
-//   q:       row t at q + t*q_stride, n_heads heads of head_dim values
-//   k_cache: row p at k_cache + p*kv_stride, n_kv_heads heads of head_dim values (same for v)
-//   out:     row t at out + t*out_stride, n_heads*head_dim values
+// positions start_pos .. start_pos+n_tokens-1, over the sequence's blocks, which already hold
+// keys and values for positions 0 .. start_pos+n_tokens-1.
+//   q:   row t at q + t*q_stride, n_heads heads of head_dim values
+//   out: row t at out + t*out_stride, n_heads*head_dim values
 void CausalAttention(const AttentionShape& shape, const float* q, int64_t q_stride,
-                     int64_t n_tokens, int64_t start_pos, const float* k_cache,
-                     const float* v_cache, int64_t kv_stride, float* out, int64_t out_stride);
+                     int64_t n_tokens, int64_t start_pos, const PagedKv& kv, float* out,
+                     int64_t out_stride);
 
 }  // namespace kiln::cpu

@@ -86,34 +86,58 @@ class BackendOpsTest : public testing::TestWithParam<std::string> {
     return out;
   }
 
-  // A KV cache of `layers` × capacity × kv_dim, keys and values filled from `seed`.
-  KvCacheRef Cache(int64_t layers, int64_t capacity, int64_t kv_dim, uint32_t seed) {
-    const int64_t n = layers * 2 * capacity * kv_dim;
-    TensorView view = Upload(Random(n, seed, -3.0f, 3.0f), 1, n);
-    return KvCacheRef{view.f32(), layers, capacity, kv_dim};
+  // A KV pool of `blocks` blocks of `block_size` positions, keys and values filled from `seed`;
+  // Table() hands its blocks out in a shuffled order, so that sequences are paged for real.
+  void MakePool(int64_t blocks, int64_t block_size, int64_t layers, int64_t kv_dim,
+                uint32_t seed = 1) {
+    pool_ = KvPoolRef{nullptr, backend_->device(), blocks, block_size, layers, kv_dim};
+    const int64_t n = blocks * pool_.block_floats();
+    pool_.data = Upload(Random(n, seed, -3.0f, 3.0f), 1, n).f32();
+    unused_.resize(static_cast<size_t>(blocks));
+    for (int64_t b = 0; b < blocks; ++b) unused_[static_cast<size_t>(b)] = static_cast<int32_t>(b);
+    std::shuffle(unused_.begin(), unused_.end(), std::mt19937(seed));
   }
-  std::vector<float> DownloadCache(const KvCacheRef& kv) {
-    return Download(TensorView::Matrix(kv.data, DType::kF32, backend_->device(), 1,
-                                       kv.layers * 2 * kv.capacity * kv.kv_dim));
+  // A block table covering `positions` positions.
+  std::vector<int32_t> Table(int64_t positions) {
+    const int64_t count = (positions + pool_.block_size - 1) / pool_.block_size;
+    EXPECT_LE(count, static_cast<int64_t>(unused_.size())) << "the test pool is too small";
+    std::vector<int32_t> table(unused_.end() - count, unused_.end());
+    unused_.resize(unused_.size() - static_cast<size_t>(count));
+    return table;
+  }
+  std::vector<float> DownloadPool() {
+    return Download(TensorView::Matrix(pool_.data, DType::kF32, backend_->device(), 1,
+                                       pool_.num_blocks * pool_.block_floats()));
+  }
+  // Index in DownloadPool() of the key (which = 0) or value row of `position` in `layer`.
+  size_t PoolIndex(const std::vector<int32_t>& table, int64_t layer, int which,
+                   int64_t position) const {
+    const int64_t block = table[static_cast<size_t>(position / pool_.block_size)];
+    return static_cast<size_t>(
+        block * pool_.block_floats() +
+        ((layer * 2 + which) * pool_.block_size + position % pool_.block_size) * pool_.kv_dim);
   }
 
-  // A step of one sequence per (rows, start) pair, each with its own cache.
+  // A step of one sequence per (rows, start) pair, each with its block table.
   StepMetadata Step(const std::vector<std::pair<int64_t, int64_t>>& sequences,
-                    const std::vector<KvCacheRef>& caches,
+                    const std::vector<std::vector<int32_t>>& tables,
                     const std::vector<int32_t>& tokens = {}) {
     StepMetadata step;
+    step.pool = pool_;
     int64_t row = 0;
     for (size_t s = 0; s < sequences.size(); ++s) {
       std::vector<int32_t> ids(static_cast<size_t>(sequences[s].first));
       for (size_t i = 0; i < ids.size(); ++i) {
         ids[i] = tokens.empty() ? 0 : tokens[static_cast<size_t>(row) + i];
       }
-      step.AddSequence(ids.data(), sequences[s].first, sequences[s].second, caches[s]);
+      step.AddSequence(ids.data(), sequences[s].first, sequences[s].second, tables[s]);
       row += sequences[s].first;
     }
     return step;
   }
 
+  KvPoolRef pool_;
+  std::vector<int32_t> unused_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<ExecutionContext> ctx_;
   std::vector<DeviceBuffer> buffers_;
@@ -132,7 +156,8 @@ TEST_P(BackendOpsTest, EmbedGathersRowsOfEveryDType) {
   const int64_t hidden = 33;
   const std::vector<float> values = Random(vocab * hidden, 3, -4.0f, 4.0f);
   const std::vector<int32_t> ids = {3, 0, 49, 3, 17};
-  KvCacheRef kv = Cache(1, 8, 4, 1);
+  MakePool(4, 4, 1, 4);
+  const std::vector<int32_t> blocks = Table(8);
   for (DType dtype : {DType::kF32, DType::kF16, DType::kBF16}) {
     SCOPED_TRACE(DTypeName(dtype));
     std::vector<std::byte> stored(static_cast<size_t>(vocab * hidden) * DTypeSize(dtype));
@@ -143,7 +168,7 @@ TEST_P(BackendOpsTest, EmbedGathersRowsOfEveryDType) {
         UploadBytes(stored.data(), stored.size(), dtype, vocab, hidden, hidden);
     for (bool zero_first : {false, true}) {
       // One sequence starting at position 0, so row 0 is the one zeroed.
-      ASSERT_TRUE(ctx_->BeginStep(Step({{5, 0}}, {kv}, ids)).ok());
+      ASSERT_TRUE(ctx_->BeginStep(Step({{5, 0}}, {blocks}, ids)).ok());
       const TensorView out = Filled(5, hidden, hidden + 3);
       ASSERT_TRUE(ctx_->Embed(table, {.zero_at_position_zero = zero_first}, out).ok());
       const std::vector<float> got = Download(out);
@@ -162,10 +187,10 @@ TEST_P(BackendOpsTest, EmbedGathersRowsOfEveryDType) {
 }
 
 TEST_P(BackendOpsTest, EmbedRefusesIdsOutsideTheTable) {
-  KvCacheRef kv = Cache(1, 8, 4, 1);
+  MakePool(2, 4, 1, 4);
   const std::vector<float> values(10 * 4, 1.0f);
   const TensorView table = Upload(values, 10, 4);
-  ASSERT_TRUE(ctx_->BeginStep(Step({{2, 0}}, {kv}, {1, 10})).ok());
+  ASSERT_TRUE(ctx_->BeginStep(Step({{2, 0}}, {Table(2)}, {1, 10})).ok());
   absl::Status status = ctx_->Embed(table, {}, Filled(2, 4));
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("token id 10"), std::string::npos) << status;
@@ -395,126 +420,133 @@ double Rotated(const float* head, int64_t j, int64_t head_dim, int32_t position,
          partner * std::sin(static_cast<double>(angle));
 }
 
-TEST_P(BackendOpsTest, RopeAndAppendKvRotatesAndWritesTheCache) {
+// Block sizes of the KV pool the attention tests page through: one position per block, a
+// typical 16, and 5 (blocks that do not divide the sequences' lengths).
+constexpr int64_t kBlockSizes[] = {1, 16, 5};
+
+TEST_P(BackendOpsTest, RopeAndAppendKvRotatesAndWritesThePool) {
   const int64_t layers = 2;
   const int64_t layer = 1;
-  for (const AttentionCase& c : AttentionCases()) {
-    SCOPED_TRACE(Describe(c));
-    const AttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim, 1.0f};
-    const int64_t qkv_dim = shape.qkv_dim();
-    std::vector<KvCacheRef> caches;
-    std::vector<std::vector<float>> before;
-    for (size_t s = 0; s < c.sequences.size(); ++s) {
-      const int64_t capacity = c.sequences[s].first + c.sequences[s].second + 3;
-      caches.push_back(Cache(layers, capacity, shape.kv_dim(), static_cast<uint32_t>(s + 30)));
-      before.push_back(DownloadCache(caches.back()));
-    }
-    const StepMetadata step = Step(c.sequences, caches);
-    ASSERT_TRUE(ctx_->BeginStep(step).ok());
-    const int64_t rows = step.rows();
-    const std::vector<float> x = Random(rows * qkv_dim, 7);
-    const std::vector<float> inv_freq = InvFreq(c.head_dim);
-    const TensorView qkv = Upload(x, rows, qkv_dim);
-    ASSERT_TRUE(ctx_->RopeAndAppendKv(qkv, shape, Upload(inv_freq, 1, c.head_dim / 2), layer).ok());
-    const std::vector<float> got = Download(qkv);
-    for (int64_t r = 0; r < rows; ++r) {
-      const int32_t pos = step.positions[static_cast<size_t>(r)];
-      for (int64_t h = 0; h < c.n_heads + c.n_kv_heads; ++h) {  // q heads, then k heads
-        const float* head = x.data() + r * qkv_dim + h * c.head_dim;
-        for (int64_t j = 0; j < c.head_dim; ++j) {
-          ASSERT_NEAR(got[r * qkv_dim + h * c.head_dim + j],
-                      Rotated(head, j, c.head_dim, pos, inv_freq), 2e-6)
-              << "row " << r << " head " << h << " j " << j;
+  for (const int64_t block_size : kBlockSizes) {
+    for (const AttentionCase& c : AttentionCases()) {
+      SCOPED_TRACE(Describe(c) + ", block size " + std::to_string(block_size));
+      const AttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim, 1.0f};
+      const int64_t qkv_dim = shape.qkv_dim();
+      int64_t blocks = 2;  // a few the sequences do not use
+      for (auto [rows, start] : c.sequences)
+        blocks += (rows + start + 3 + block_size - 1) / block_size;
+      MakePool(blocks, block_size, layers, shape.kv_dim(), 30);
+      std::vector<std::vector<int32_t>> tables;
+      for (auto [rows, start] : c.sequences) tables.push_back(Table(rows + start + 3));
+      const std::vector<float> before = DownloadPool();
+      const StepMetadata step = Step(c.sequences, tables);
+      ASSERT_TRUE(ctx_->BeginStep(step).ok());
+      const int64_t rows = step.rows();
+      const std::vector<float> x = Random(rows * qkv_dim, 7);
+      const std::vector<float> inv_freq = InvFreq(c.head_dim);
+      const TensorView qkv = Upload(x, rows, qkv_dim);
+      ASSERT_TRUE(
+          ctx_->RopeAndAppendKv(qkv, shape, Upload(inv_freq, 1, c.head_dim / 2), layer).ok());
+      const std::vector<float> got = Download(qkv);
+      for (int64_t r = 0; r < rows; ++r) {
+        const int32_t pos = step.positions[static_cast<size_t>(r)];
+        for (int64_t h = 0; h < c.n_heads + c.n_kv_heads; ++h) {  // q heads, then k heads
+          const float* head = x.data() + r * qkv_dim + h * c.head_dim;
+          for (int64_t j = 0; j < c.head_dim; ++j) {
+            ASSERT_NEAR(got[r * qkv_dim + h * c.head_dim + j],
+                        Rotated(head, j, c.head_dim, pos, inv_freq), 2e-6)
+                << "row " << r << " head " << h << " j " << j;
+          }
+        }
+        for (int64_t i = shape.q_dim() + shape.kv_dim(); i < qkv_dim; ++i) {
+          ASSERT_EQ(got[r * qkv_dim + i], x[r * qkv_dim + i]) << "v is not rotated";
         }
       }
-      for (int64_t i = shape.q_dim() + shape.kv_dim(); i < qkv_dim; ++i) {
-        ASSERT_EQ(got[r * qkv_dim + i], x[r * qkv_dim + i]) << "v is not rotated";
-      }
-    }
-    // Each sequence's cache: layer `layer` at its new positions holds the rotated k and the v;
-    // every other value is as it was.
-    for (size_t s = 0; s < caches.size(); ++s) {
-      const KvCacheRef& kv = caches[s];
-      const StepSequence& seq = step.sequences[s];
-      const std::vector<float> after = DownloadCache(kv);
-      std::vector<float> expected = before[s];
-      for (int64_t t = 0; t < seq.rows; ++t) {
-        const int64_t row = seq.first_row + t;
-        const int64_t p = seq.start_position + t;
-        for (int64_t i = 0; i < kv.kv_dim; ++i) {
-          expected[static_cast<size_t>((layer * 2) * kv.capacity * kv.kv_dim + p * kv.kv_dim + i)] =
-              got[row * qkv_dim + shape.q_dim() + i];
-          expected[static_cast<size_t>((layer * 2 + 1) * kv.capacity * kv.kv_dim + p * kv.kv_dim +
-                                       i)] = x[row * qkv_dim + shape.q_dim() + kv.kv_dim + i];
+      // Layer `layer` of each sequence's new positions holds the rotated k and the v, through
+      // its block table; every other value of the pool is as it was.
+      std::vector<float> expected = before;
+      for (size_t s = 0; s < tables.size(); ++s) {
+        const StepSequence& seq = step.sequences[s];
+        for (int64_t t = 0; t < seq.rows; ++t) {
+          const int64_t row = seq.first_row + t;
+          const int64_t p = seq.start_position + t;
+          for (int64_t i = 0; i < shape.kv_dim(); ++i) {
+            expected[PoolIndex(tables[s], layer, 0, p) + static_cast<size_t>(i)] =
+                got[row * qkv_dim + shape.q_dim() + i];
+            expected[PoolIndex(tables[s], layer, 1, p) + static_cast<size_t>(i)] =
+                x[row * qkv_dim + shape.q_dim() + shape.kv_dim() + i];
+          }
         }
       }
-      ASSERT_EQ(after, expected) << "sequence " << s;
+      ASSERT_EQ(DownloadPool(), expected);
     }
   }
 }
 
 // Naive attention in double: for a row at position p and head h, softmax over keys 0 .. p of
-// scale·q·k, times v, reading kv head h / group. Tolerance 6e-6 absolute: outputs are convex
-// combinations of values in [-3, 3] with fp32 scores, exp and accumulation (2e-6 per unit of
-// value magnitude).
-TEST_P(BackendOpsTest, AttentionMatchesNaiveReference) {
+// scale·q·k, times v, reading kv head h / group through the sequence's block table. Tolerance
+// 6e-6 absolute: outputs are convex combinations of values in [-3, 3] with fp32 scores, exp and
+// accumulation (2e-6 per unit of value magnitude).
+TEST_P(BackendOpsTest, AttentionThroughBlockTablesMatchesNaiveReference) {
   const int64_t layers = 3;
   const int64_t layer = 2;
-  for (const AttentionCase& c : AttentionCases()) {
-    SCOPED_TRACE(Describe(c));
-    const AttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim,
-                               1.0f / std::sqrt(static_cast<float>(c.head_dim))};
-    const int64_t qkv_dim = shape.qkv_dim();
-    const int64_t kv_dim = shape.kv_dim();
-    std::vector<KvCacheRef> caches;
-    std::vector<std::vector<float>> contents;
-    for (size_t s = 0; s < c.sequences.size(); ++s) {
-      const int64_t capacity = c.sequences[s].first + c.sequences[s].second + 2;
-      caches.push_back(Cache(layers, capacity, kv_dim, static_cast<uint32_t>(s + 40)));
-      contents.push_back(DownloadCache(caches.back()));
-    }
-    const StepMetadata step = Step(c.sequences, caches);
-    ASSERT_TRUE(ctx_->BeginStep(step).ok());
-    const int64_t rows = step.rows();
-    // Scaled up so that the softmax is far from uniform.
-    const std::vector<float> x = Random(rows * qkv_dim, 21, -3.0f, 3.0f);
-    const TensorView out = Filled(rows, shape.q_dim(), shape.q_dim() + 3);
-    ASSERT_TRUE(ctx_->Attention(Upload(x, rows, qkv_dim), shape, layer, out).ok());
-    const std::vector<float> got = Download(out);
-    const int64_t group = c.n_heads / c.n_kv_heads;
-    for (const StepSequence& seq : step.sequences) {
-      const size_t s = static_cast<size_t>(&seq - step.sequences.data());
-      const float* keys = contents[s].data() + (layer * 2) * seq.kv.capacity * kv_dim;
-      const float* values = contents[s].data() + (layer * 2 + 1) * seq.kv.capacity * kv_dim;
-      for (int64_t t = 0; t < seq.rows; ++t) {
-        const int64_t row = seq.first_row + t;
-        const int64_t len = seq.start_position + t + 1;
-        for (int64_t h = 0; h < c.n_heads; ++h) {
-          const int64_t kv_offset = (h / group) * c.head_dim;
-          std::vector<double> scores(static_cast<size_t>(len));
-          double max_score = -1e300;
-          for (int64_t p = 0; p < len; ++p) {
-            double dot = 0.0;
-            for (int64_t i = 0; i < c.head_dim; ++i) {
-              dot += static_cast<double>(x[row * qkv_dim + h * c.head_dim + i]) *
-                     keys[p * kv_dim + kv_offset + i];
-            }
-            scores[static_cast<size_t>(p)] = dot * shape.scale;
-            max_score = std::max(max_score, scores[static_cast<size_t>(p)]);
-          }
-          double sum = 0.0;
-          for (double& score : scores) sum += (score = std::exp(score - max_score));
-          for (int64_t i = 0; i < c.head_dim; ++i) {
-            double expected = 0.0;
+  for (const int64_t block_size : kBlockSizes) {
+    for (const AttentionCase& c : AttentionCases()) {
+      SCOPED_TRACE(Describe(c) + ", block size " + std::to_string(block_size));
+      const AttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim,
+                                 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+      const int64_t qkv_dim = shape.qkv_dim();
+      const int64_t kv_dim = shape.kv_dim();
+      int64_t blocks = 2;
+      for (auto [rows, start] : c.sequences)
+        blocks += (rows + start + 2 + block_size - 1) / block_size;
+      MakePool(blocks, block_size, layers, kv_dim, 40);
+      std::vector<std::vector<int32_t>> tables;
+      for (auto [rows, start] : c.sequences) tables.push_back(Table(rows + start + 2));
+      const std::vector<float> contents = DownloadPool();
+      const StepMetadata step = Step(c.sequences, tables);
+      ASSERT_TRUE(ctx_->BeginStep(step).ok());
+      const int64_t rows = step.rows();
+      // Scaled up so that the softmax is far from uniform.
+      const std::vector<float> x = Random(rows * qkv_dim, 21, -3.0f, 3.0f);
+      const TensorView out = Filled(rows, shape.q_dim(), shape.q_dim() + 3);
+      ASSERT_TRUE(ctx_->Attention(Upload(x, rows, qkv_dim), shape, layer, out).ok());
+      const std::vector<float> got = Download(out);
+      const int64_t group = c.n_heads / c.n_kv_heads;
+      for (size_t s = 0; s < tables.size(); ++s) {
+        const StepSequence& seq = step.sequences[s];
+        for (int64_t t = 0; t < seq.rows; ++t) {
+          const int64_t row = seq.first_row + t;
+          const int64_t len = seq.start_position + t + 1;
+          for (int64_t h = 0; h < c.n_heads; ++h) {
+            const size_t kv_offset = static_cast<size_t>((h / group) * c.head_dim);
+            std::vector<double> scores(static_cast<size_t>(len));
+            double max_score = -1e300;
             for (int64_t p = 0; p < len; ++p) {
-              expected += scores[static_cast<size_t>(p)] / sum * values[p * kv_dim + kv_offset + i];
+              const float* key = contents.data() + PoolIndex(tables[s], layer, 0, p) + kv_offset;
+              double dot = 0.0;
+              for (int64_t i = 0; i < c.head_dim; ++i) {
+                dot += static_cast<double>(x[row * qkv_dim + h * c.head_dim + i]) * key[i];
+              }
+              scores[static_cast<size_t>(p)] = dot * shape.scale;
+              max_score = std::max(max_score, scores[static_cast<size_t>(p)]);
             }
-            ASSERT_NEAR(got[row * out.row_stride + h * c.head_dim + i], expected, 6e-6)
-                << "row " << row << " head " << h << " i " << i;
+            double sum = 0.0;
+            for (double& score : scores) sum += (score = std::exp(score - max_score));
+            for (int64_t i = 0; i < c.head_dim; ++i) {
+              double expected = 0.0;
+              for (int64_t p = 0; p < len; ++p) {
+                const float* value =
+                    contents.data() + PoolIndex(tables[s], layer, 1, p) + kv_offset;
+                expected += scores[static_cast<size_t>(p)] / sum * value[i];
+              }
+              ASSERT_NEAR(got[row * out.row_stride + h * c.head_dim + i], expected, 6e-6)
+                  << "row " << row << " head " << h << " i " << i;
+            }
           }
-        }
-        for (int64_t i = shape.q_dim(); i < out.row_stride; ++i) {
-          ASSERT_EQ(got[row * out.row_stride + i], kSentinel) << "padding";
+          for (int64_t i = shape.q_dim(); i < out.row_stride; ++i) {
+            ASSERT_EQ(got[row * out.row_stride + i], kSentinel) << "padding";
+          }
         }
       }
     }
@@ -523,8 +555,8 @@ TEST_P(BackendOpsTest, AttentionMatchesNaiveReference) {
 
 TEST_P(BackendOpsTest, AttentionOpsRefuseLayersAndShapesTheCacheDoesNotHave) {
   const AttentionShape shape{4, 2, 64, 0.125f};
-  KvCacheRef kv = Cache(2, 8, shape.kv_dim(), 3);
-  ASSERT_TRUE(ctx_->BeginStep(Step({{2, 0}}, {kv})).ok());
+  MakePool(4, 4, 2, shape.kv_dim(), 3);
+  ASSERT_TRUE(ctx_->BeginStep(Step({{2, 0}}, {Table(8)})).ok());
   const TensorView qkv = Filled(2, shape.qkv_dim());
   const TensorView inv_freq = Upload(InvFreq(64), 1, 32);
   absl::Status status = ctx_->RopeAndAppendKv(qkv, shape, inv_freq, 2);
@@ -586,8 +618,8 @@ TEST_P(BackendOpsTest, AddIsExact) {
 }
 
 TEST_P(BackendOpsTest, GatherRowsTakesTheListedRows) {
-  KvCacheRef kv = Cache(1, 16, 4, 1);
-  StepMetadata step = Step({{10, 0}}, {kv});
+  MakePool(4, 4, 1, 4);
+  StepMetadata step = Step({{10, 0}}, {Table(16)});
   step.gather_rows = {0, 3, 4, 9};
   ASSERT_TRUE(ctx_->BeginStep(step).ok());
   const std::vector<float> x = Random(10 * 7, 3);
@@ -621,15 +653,24 @@ TEST_P(BackendOpsTest, CopiesKeepRowStrides) {
 // ---- Step metadata -----------------------------------------------------------------------------
 
 TEST_P(BackendOpsTest, BeginStepRefusesInconsistentMetadata) {
-  KvCacheRef a = Cache(1, 8, 4, 1);
-  KvCacheRef b = Cache(1, 8, 4, 2);
+  MakePool(64, 4, 1, 4);
+  const std::vector<int32_t> a = Table(8);
+  const std::vector<int32_t> b = Table(8);
   EXPECT_TRUE(ctx_->BeginStep(Step({{2, 0}, {3, 5}}, {a, b})).ok());
+  // Sequences may share blocks (a cached prefix).
+  EXPECT_TRUE(ctx_->BeginStep(Step({{2, 4}, {1, 4}}, {a, a})).ok());
 
-  StepMetadata shared = Step({{2, 0}, {1, 2}}, {a, a});
-  EXPECT_EQ(ctx_->BeginStep(shared).message(), "two chunks of one step share a KV cache");
+  absl::Status short_table = ctx_->BeginStep(Step({{4, 6}}, {a}));
+  EXPECT_EQ(short_table.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(short_table.message().find("block table of 2 blocks"), std::string::npos)
+      << short_table;
 
-  StepMetadata full = Step({{4, 6}}, {a});
-  EXPECT_EQ(ctx_->BeginStep(full).code(), absl::StatusCode::kOutOfRange);
+  StepMetadata foreign_block = Step({{2, 0}}, {{a[0], 64}});
+  EXPECT_EQ(ctx_->BeginStep(foreign_block).code(), absl::StatusCode::kInvalidArgument);
+
+  StepMetadata no_pool = Step({{2, 0}}, {a});
+  no_pool.pool = KvPoolRef{};
+  EXPECT_EQ(ctx_->BeginStep(no_pool).code(), absl::StatusCode::kInvalidArgument);
 
   StepMetadata bad_position = Step({{3, 0}}, {a});
   bad_position.positions[1] = 7;
@@ -640,9 +681,8 @@ TEST_P(BackendOpsTest, BeginStepRefusesInconsistentMetadata) {
   EXPECT_EQ(ctx_->BeginStep(unordered).code(), absl::StatusCode::kInvalidArgument);
 
   std::vector<std::pair<int64_t, int64_t>> many(9, {1, 0});
-  std::vector<KvCacheRef> caches;
-  for (int i = 0; i < 9; ++i) caches.push_back(Cache(1, 4, 4, static_cast<uint32_t>(i)));
-  absl::Status too_many = ctx_->BeginStep(Step(many, caches));
+  std::vector<std::vector<int32_t>> tables(9, a);
+  absl::Status too_many = ctx_->BeginStep(Step(many, tables));
   EXPECT_EQ(too_many.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(too_many.message().find("limit of 8"), std::string::npos) << too_many;
 }

@@ -132,7 +132,8 @@ TEST_F(BackendSeamTest, DecodeStepAllocatesAndUploadsNothingOnceWarm) {
 
   absl::StatusOr<KvCache> cache = (*model)->NewCache(64);
   ASSERT_TRUE(cache.ok());
-  EXPECT_EQ(tracing_->counts().allocations, after_load.allocations + 1) << "one KV cache";
+  EXPECT_EQ(tracing_->counts().allocations, after_load.allocations)
+      << "a KV cache takes blocks of the pool PostLoad allocated, no memory of its own";
   const std::vector<int32_t> prompt = {1, 2, 3, 4, 5};
   std::vector<float> logits;
   SequenceChunk chunk{&*cache, prompt, false};
@@ -158,6 +159,12 @@ TEST_F(BackendSeamTest, DecodeStepAllocatesAndUploadsNothingOnceWarm) {
     EXPECT_EQ(after.packs, before.packs);
     EXPECT_EQ(logits.size(), static_cast<size_t>((*model)->config().vocab_size));
   }
+  EXPECT_EQ(cache->bytes(),
+            static_cast<size_t>(cache->blocks().size()) * (*model)->kv_pool().block_bytes());
+  EXPECT_EQ(
+      static_cast<int64_t>(cache->blocks().size()),
+      (cache->length() + (*model)->kv_pool().block_size() - 1) / (*model)->kv_pool().block_size())
+      << "blocks follow the length, not the capacity";
   EXPECT_TRUE(tracing_->violations().empty()) << tracing_->violations()[0];
 }
 

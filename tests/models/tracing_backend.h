@@ -45,6 +45,7 @@ class TracingBackend final : public Backend {
   Device device() const override { return inner_->device(); }
   bool reads_host_memory() const override { return false; }
 
+  uint64_t available_memory() const override { return inner_->available_memory(); }
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override {
     ++counts_.allocations;
     return DeviceBuffer::Allocate(memory_, bytes);
@@ -183,12 +184,11 @@ class TracingContext final : public ExecutionContext {
  protected:
   absl::Status DoBeginStep(const StepMetadata& step) override {
     backend_->CountStep();
-    for (const StepSequence& seq : step.sequences) {
-      const size_t bytes =
-          static_cast<size_t>(seq.kv.layers * 2 * seq.kv.capacity * seq.kv.kv_dim) * sizeof(float);
-      if (backend_->Locate(seq.kv.data, bytes) != TracingBackend::Where::kAllocated) {
-        backend_->Violation("BeginStep: a KV cache not allocated by the backend");
-      }
+    const size_t pool_bytes =
+        static_cast<size_t>(step.pool.num_blocks * step.pool.block_floats()) * sizeof(float);
+    if (!step.sequences.empty() &&
+        backend_->Locate(step.pool.data, pool_bytes) != TracingBackend::Where::kAllocated) {
+      backend_->Violation("BeginStep: a KV pool not allocated by the backend");
     }
     return inner_->BeginStep(step);
   }
