@@ -15,6 +15,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "models/kv_cache.h"
 
 namespace kiln {
 
@@ -61,6 +62,20 @@ class DraftSession {
   virtual void Commit(int32_t accepted) = 0;
 };
 
+// What a session starts from.
+struct DraftSessionStart {
+  // The sequence's tokens so far: its prompt, or prompt + output when it resumes after a
+  // preemption.
+  std::span<const int32_t> context;
+  int64_t max_length = 0;  // tokens it will hold at most (prompt + output)
+  // Positions below this came from the prefix cache: their hidden states are never delivered,
+  // and the first HiddenStates starts here.
+  int64_t first_position = 0;
+  // The target's KV cache of the sequence, whose blocks a draft source may share (an MTP head's
+  // keys and values in its own layer slot); null where there is none (tests).
+  const KvCache* target_cache = nullptr;
+};
+
 class DraftSource {
  public:
   virtual ~DraftSource() = default;
@@ -68,10 +83,9 @@ class DraftSource {
   virtual absl::string_view name() const = 0;
   // Whether sessions read HiddenStates; the engine collects them only then.
   virtual bool needs_target_hidden() const { return false; }
-  // A session for one sequence of `prompt` that will hold at most `max_length` tokens
-  // (prompt + output), e.g. to size its KV cache.
+  // A session for one sequence (e.g. with a KV cache sized for start.max_length).
   virtual absl::StatusOr<std::unique_ptr<DraftSession>> StartSession(
-      std::span<const int32_t> prompt, int64_t max_length) = 0;
+      const DraftSessionStart& start) = 0;
 };
 
 }  // namespace kiln

@@ -98,12 +98,15 @@ class NoisySession : public DraftSession {
 class SelfSession : public DraftSession {
  public:
   SelfSession(SelfDraftSource* source, std::shared_ptr<const PreparedModel> model, KvCache cache,
-              const SelfDraftSource::Options& options, uint64_t seed)
+              const SelfDraftSource::Options& options, uint64_t seed, int64_t first_position)
       : source_(source),
         model_(std::move(model)),
         cache_(std::move(cache)),
         options_(options),
-        rng_(seed) {}
+        rng_(seed),
+        // Positions of a cached prefix are never delivered: nothing to compare there.
+        target_rows_(static_cast<size_t>(first_position)),
+        compared_(static_cast<size_t>(first_position)) {}
 
   ~SelfSession() override {
     if (options_.check_hidden) source_->AddHiddenCheck(check_);
@@ -229,22 +232,25 @@ ScriptedDraftSource::ScriptedDraftSource(std::vector<Script> scripts, int64_t vo
       seed_(seed) {}
 
 absl::StatusOr<std::unique_ptr<DraftSession>> ScriptedDraftSource::StartSession(
-    std::span<const int32_t> prompt, int64_t) {
+    const DraftSessionStart& start) {
+  // The script whose prompt starts the context (a resumed sequence's context has output too).
   const Script* found = nullptr;
   for (const Script& script : scripts_) {
-    if (std::equal(prompt.begin(), prompt.end(), script.prompt.begin(), script.prompt.end())) {
+    if (script.prompt.size() <= start.context.size() &&
+        std::equal(script.prompt.begin(), script.prompt.end(), start.context.begin())) {
       found = &script;
     }
   }
-  return std::make_unique<ScriptedSession>(found, prompt.size(), vocab_size_, correct_probability_,
-                                           seed_ + 0x9e3779b97f4a7c15ull * ++sessions_);
+  return std::make_unique<ScriptedSession>(
+      found, found != nullptr ? found->prompt.size() : start.context.size(), vocab_size_,
+      correct_probability_, seed_ + 0x9e3779b97f4a7c15ull * ++sessions_);
 }
 
 NoisyDraftSource::NoisyDraftSource(int64_t vocab_size, uint64_t seed, float spread, bool greedy)
     : vocab_size_(vocab_size), seed_(seed), spread_(spread), greedy_(greedy) {}
 
 absl::StatusOr<std::unique_ptr<DraftSession>> NoisyDraftSource::StartSession(
-    std::span<const int32_t>, int64_t) {
+    const DraftSessionStart&) {
   return std::make_unique<NoisySession>(vocab_size_, seed_, spread_, greedy_,
                                         seed_ + 0x9e3779b97f4a7c15ull * ++sessions_);
 }
@@ -253,8 +259,8 @@ SelfDraftSource::SelfDraftSource(std::shared_ptr<const PreparedModel> model, Opt
     : model_(std::move(model)), options_(options) {}
 
 absl::StatusOr<std::unique_ptr<DraftSession>> SelfDraftSource::StartSession(
-    std::span<const int32_t>, int64_t max_length) {
-  absl::StatusOr<KvCache> cache = model_->NewCache(max_length);
+    const DraftSessionStart& start) {
+  absl::StatusOr<KvCache> cache = model_->NewCache(start.max_length);
   if (!cache.ok()) return cache.status();
   uint64_t session = 0;
   {
@@ -262,7 +268,8 @@ absl::StatusOr<std::unique_ptr<DraftSession>> SelfDraftSource::StartSession(
     session = ++sessions_;
   }
   return std::make_unique<SelfSession>(this, model_, std::move(*cache), options_,
-                                       options_.seed + 0x9e3779b97f4a7c15ull * session);
+                                       options_.seed + 0x9e3779b97f4a7c15ull * session,
+                                       start.first_position);
 }
 
 SelfDraftSource::HiddenCheck SelfDraftSource::hidden_check() const {

@@ -35,8 +35,8 @@ class ScriptedDraftSource : public DraftSource {
                       uint64_t seed = 0);
 
   absl::string_view name() const override { return "scripted"; }
-  absl::StatusOr<std::unique_ptr<DraftSession>> StartSession(std::span<const int32_t> prompt,
-                                                             int64_t max_length) override;
+  absl::StatusOr<std::unique_ptr<DraftSession>> StartSession(
+      const DraftSessionStart& start) override;
 
  private:
   std::vector<Script> scripts_;
@@ -53,8 +53,8 @@ class NoisyDraftSource : public DraftSource {
   NoisyDraftSource(int64_t vocab_size, uint64_t seed, float spread = 1.0f, bool greedy = false);
 
   absl::string_view name() const override { return "noisy"; }
-  absl::StatusOr<std::unique_ptr<DraftSession>> StartSession(std::span<const int32_t> prompt,
-                                                             int64_t max_length) override;
+  absl::StatusOr<std::unique_ptr<DraftSession>> StartSession(
+      const DraftSessionStart& start) override;
 
  private:
   int64_t vocab_size_;
@@ -89,8 +89,8 @@ class SelfDraftSource : public DraftSource {
 
   absl::string_view name() const override { return "self"; }
   bool needs_target_hidden() const override { return options_.check_hidden; }
-  absl::StatusOr<std::unique_ptr<DraftSession>> StartSession(std::span<const int32_t> prompt,
-                                                             int64_t max_length) override;
+  absl::StatusOr<std::unique_ptr<DraftSession>> StartSession(
+      const DraftSessionStart& start) override;
 
   HiddenCheck hidden_check() const;
   void AddHiddenCheck(const HiddenCheck& check);  // for sessions

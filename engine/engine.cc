@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "base/status_macros.h"
 #include "engine/speculative.h"
 
 namespace kiln {
@@ -52,29 +53,53 @@ struct Engine::Sequence {
   uint64_t id = 0;
   GenerationRequest request;
   UpdateCallback on_update;
-  std::optional<KvCache> cache;
-  size_t prefilled = 0;  // prompt tokens already in the cache
-  std::vector<int32_t> output;
+  size_t prompt_size = 0;
+  // Every token of the sequence: the prompt, then the output. The KV cache holds the first
+  // cache->length() of them; a step feeds it the next ones (vLLM's num_computed_tokens).
+  std::vector<int32_t> tokens;
+  std::optional<KvCache> cache;  // while running
+  int64_t capacity = 0;          // positions its cache may hold
   std::optional<Sampler> sampler;
   std::optional<StreamingDecoder> decoder;
   std::string held_text;  // decoded text not yet sent (a possible stop-string prefix)
   Clock::time_point submitted;
   Clock::time_point first_token;
+  bool started = false;  // admitted at least once
   bool finished = false;
+
+  // Prefix cache: the hash of the last of its leading blocks already hashed, and their count.
+  BlockHash block_hash;
+  int64_t hashed_blocks = 0;
+  int32_t cached_prompt_tokens = 0;  // at its first admission
+
+  // This step: tokens fed (0 = not scheduled) and drafts the reserved blocks leave room for.
+  int64_t step_rows = 0;
+  int64_t draft_room = 0;
 
   // Speculative decoding (num_draft_tokens > 0).
   int32_t num_draft_tokens = 0;
   std::unique_ptr<DraftSession> draft;
-  std::vector<int32_t> context;      // prompt + output, as the draft session sees it
   std::vector<int32_t> step_tokens;  // this step's verified chunk: last token, then the drafts
   Draft proposal;                    // this step's drafts
   std::vector<float> hidden;         // target hidden rows not yet handed to the session
   int64_t hidden_first = 0;          // the position of its first row
   SpeculativeStats speculative;
 
-  bool prefill_done() const { return prefilled == request.prompt.size(); }
+  int64_t computed() const { return cache.has_value() ? cache->length() : 0; }
+  int64_t output_size() const { return static_cast<int64_t>(tokens.size() - prompt_size); }
+  // Everything but the last token is in the cache: the next step decodes.
+  bool decoding() const { return computed() + 1 == static_cast<int64_t>(tokens.size()); }
   bool verifying() const { return !step_tokens.empty(); }
 };
+
+// The parent of a sequence's first block in the prefix cache. Blocks of speculating sequences
+// also hold the MTP heads' keys and values (their own layer slots), which other sequences never
+// write: they are cached apart, so that a drafting sequence never reads a head's slots that a
+// plain one left unwritten. Outputs would be right either way (drafts are verified); drafts
+// would not.
+BlockHash Engine::PrefixRoot(const Sequence& sequence) {
+  return sequence.num_draft_tokens > 0 ? BlockHash{0, 1} : BlockHash{};
+}
 
 absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const PreparedModel> model,
                                                        std::shared_ptr<const Tokenizer> tokenizer,
@@ -91,8 +116,23 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const Pre
   if (options.default_num_draft_tokens > 0 && options.draft_source == nullptr) {
     return absl::InvalidArgumentError("default_num_draft_tokens > 0 needs a draft source");
   }
+  EngineOptions effective = options;
+  // One sequence must always fit the pool on its own (then preemption always ends).
+  const KvPool& pool = model->kv_pool();
+  const int64_t pool_positions = pool.num_blocks() * pool.block_size();
+  if (pool_positions < effective.max_context) {
+    LOG(WARNING) << "the KV pool holds " << pool_positions << " positions (" << pool.num_blocks()
+                 << " blocks): the context of one sequence is capped there"
+                 << " (asked for " << effective.max_context << ")";
+    effective.max_context = pool_positions;
+  }
+  if (effective.max_context < 2) {
+    return absl::InvalidArgumentError(absl::StrCat("the KV pool (", pool.num_blocks(),
+                                                   " blocks of ", pool.block_size(),
+                                                   " positions) is too small for a sequence"));
+  }
   auto engine =
-      std::unique_ptr<Engine>(new Engine(std::move(model), std::move(tokenizer), options));
+      std::unique_ptr<Engine>(new Engine(std::move(model), std::move(tokenizer), effective));
   engine->thread_ = std::thread([raw = engine.get()] { raw->Loop(); });
   return engine;
 }
@@ -145,6 +185,11 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request, UpdateCallbac
   sequence->num_draft_tokens = drafts;
   sequence->request = std::move(request);
   sequence->on_update = std::move(on_update);
+  sequence->prompt_size = sequence->request.prompt.size();
+  sequence->tokens = sequence->request.prompt;
+  sequence->capacity =
+      std::min<int64_t>(options_.max_context, static_cast<int64_t>(sequence->prompt_size) +
+                                                  sequence->request.stopping.max_tokens);
   sequence->submitted = Clock::now();
   absl::MutexLock lock(&mutex_);
   if (!accepting_) return absl::FailedPreconditionError("the model is shutting down");
@@ -203,25 +248,55 @@ void Engine::Finish(Sequence& sequence, FinishReason reason, absl::Status status
   }
   update.finish = status.ok() ? reason : FinishReason::kNone;
   update.status = std::move(status);
-  update.prompt_tokens = static_cast<int32_t>(sequence.request.prompt.size());
-  update.completion_tokens = static_cast<int32_t>(sequence.output.size());
+  update.prompt_tokens = static_cast<int32_t>(sequence.prompt_size);
+  update.cached_prompt_tokens = sequence.cached_prompt_tokens;
+  update.completion_tokens = static_cast<int32_t>(sequence.output_size());
   const Clock::time_point now = Clock::now();
-  if (!sequence.output.empty()) {
+  if (sequence.output_size() > 0) {
     update.time_to_first_token_seconds = SecondsBetween(sequence.submitted, sequence.first_token);
   }
   update.total_seconds = SecondsBetween(sequence.submitted, now);
   update.speculative = sequence.speculative;
+  Drop(sequence);  // frees the KV blocks now, before the client hears of the end
+  Deliver(sequence, std::move(update));
+}
+
+void Engine::Drop(Sequence& sequence) {
+  if (sequence.finished) return;
+  const bool was_running = sequence.cache.has_value();
   sequence.finished = true;
   sequence.draft.reset();
-  if (sequence.cache.has_value()) {
-    sequence.cache.reset();  // frees the KV cache now, before the client hears of the end
+  sequence.cache.reset();
+  if (was_running) {
     absl::MutexLock lock(&mutex_);
     stats_.running--;
   }
-  sequence.on_update(std::move(update));
 }
 
-void Engine::Admit() {
+void Engine::Deliver(Sequence& sequence, GenerationUpdate update) {
+  try {
+    sequence.on_update(std::move(update));
+  } catch (const std::exception& e) {
+    LOG(ERROR) << "request " << sequence.id << ": its update callback threw (" << e.what()
+               << "); the stream is dropped";
+    Drop(sequence);
+  } catch (...) {
+    LOG(ERROR) << "request " << sequence.id << ": its update callback threw; the stream is dropped";
+    Drop(sequence);
+  }
+}
+
+void Engine::FailRunning(const absl::Status& status) {
+  LOG(ERROR) << "step failed: " << status << "; ending its " << running_.size() << " sequences";
+  for (auto& sequence : running_) {
+    if (!sequence->finished) Finish(*sequence, FinishReason::kNone, status);
+  }
+  running_.clear();
+  absl::MutexLock lock(&mutex_);
+  stats_.running = 0;
+}
+
+void Engine::HandleCancellations() {
   std::vector<std::unique_ptr<Sequence>> cancelled_waiting;
   std::vector<uint64_t> cancelled;
   bool cancel_all = false;
@@ -238,10 +313,6 @@ void Engine::Admit() {
         ++it;
       }
     }
-    while (!waiting_.empty() && static_cast<int32_t>(running_.size()) < options_.max_running) {
-      running_.push_back(std::move(waiting_.front()));
-      waiting_.pop_front();
-    }
     stats_.waiting = static_cast<int32_t>(waiting_.size());
   }
   for (auto& sequence : cancelled_waiting) Finish(*sequence, FinishReason::kCancelled, {});
@@ -249,60 +320,205 @@ void Engine::Admit() {
     if (cancel_all ||
         std::find(cancelled.begin(), cancelled.end(), sequence->id) != cancelled.end()) {
       Finish(*sequence, FinishReason::kCancelled, {});
-      continue;
     }
-    if (!sequence->cache.has_value()) {
-      const int64_t capacity = std::min<int64_t>(
-          options_.max_context, static_cast<int64_t>(sequence->request.prompt.size()) +
-                                    sequence->request.stopping.max_tokens);
-      absl::StatusOr<KvCache> cache = model_->NewCache(capacity);
-      if (!cache.ok()) {
-        Finish(*sequence, FinishReason::kNone, cache.status());
+  }
+  std::erase_if(running_, [](const auto& sequence) { return sequence->finished; });
+}
+
+// Drafts a decoding sequence may verify this step: past max_tokens or past its cache they would
+// be wasted (k + 1 new positions must fit after its tokens but the last).
+namespace {
+
+int64_t DraftRoom(int64_t drafts, int64_t max_tokens, int64_t produced, int64_t capacity,
+                  int64_t computed) {
+  return std::max<int64_t>(0,
+                           std::min({drafts, max_tokens - produced - 1, capacity - computed - 1}));
+}
+
+}  // namespace
+
+absl::Status Engine::Start(Sequence& sequence, int64_t budget) {
+  absl::StatusOr<KvCache> created = model_->NewCache(sequence.capacity);
+  if (!created.ok()) return created.status();
+  sequence.cache.emplace(*std::move(created));
+  KvCache& cache = *sequence.cache;
+  KvPool& pool = model_->kv_pool();
+  const int64_t block = pool.block_size();
+  const int64_t total = static_cast<int64_t>(sequence.tokens.size());
+  // The longest cached prefix of whole blocks, leaving at least the last token to compute (its
+  // logits are needed). A drafting sequence gives back its last cached block, so that the target
+  // recomputes it and hands the draft source the hidden states there (as vLLM does for EAGLE).
+  std::vector<int32_t> prefix;
+  std::vector<BlockHash> chain;
+  if (options_.prefix_caching) {
+    const int64_t most = (total - 1) / block;
+    for (int64_t b = 0; b < most; ++b) {
+      std::optional<BlockHash> next =
+          BlockHash::Of(chain.empty() ? PrefixRoot(sequence) : chain.back(),
+                        std::span<const int32_t>(sequence.tokens).subspan(b * block, block));
+      if (!next.has_value()) break;
+      std::optional<int32_t> hit = pool.AcquireCached(*next);
+      if (!hit.has_value()) break;
+      prefix.push_back(*hit);
+      chain.push_back(*next);
+    }
+    if (sequence.num_draft_tokens > 0 && !prefix.empty()) {
+      pool.Release(prefix.back());
+      prefix.pop_back();
+      chain.pop_back();
+    }
+  }
+  cache.AdoptPrefix(prefix);
+  const int64_t computed = cache.length();
+  const int64_t rows = std::min(total - computed, budget);
+  if (rows <= 0) {
+    sequence.cache.reset();
+    return absl::ResourceExhaustedError("no prefill budget left in this step");
+  }
+  if (absl::Status reserved = cache.Reserve(computed + rows); !reserved.ok()) {
+    sequence.cache.reset();  // gives the prefix back
+    return reserved;
+  }
+  sequence.block_hash = chain.empty() ? PrefixRoot(sequence) : chain.back();
+  sequence.hashed_blocks = static_cast<int64_t>(prefix.size());
+  if (!sequence.started) {
+    sequence.started = true;
+    sequence.cached_prompt_tokens = static_cast<int32_t>(computed);
+    if (tokenizer_ != nullptr) {
+      sequence.decoder.emplace(*tokenizer_, /*skip_special_tokens=*/true);
+    }
+    absl::MutexLock lock(&mutex_);
+    stats_.prompt_tokens += sequence.prompt_size;
+    stats_.cached_prompt_tokens += static_cast<uint64_t>(computed);
+  }
+  sequence.hidden.clear();
+  sequence.hidden_first = computed;
+  sequence.step_tokens.clear();
+  return absl::OkStatus();
+}
+
+void Engine::Preempt(size_t index) {
+  std::unique_ptr<Sequence> sequence = std::move(running_[index]);
+  running_.erase(running_.begin() + static_cast<long>(index));
+  VLOG(1) << "preempting request " << sequence->id << " (" << sequence->computed()
+          << " positions cached) for want of KV blocks";
+  sequence->draft.reset();  // a new session starts when it resumes
+  sequence->cache.reset();  // its blocks go back to the pool (full ones stay cached)
+  sequence->step_rows = 0;
+  sequence->step_tokens.clear();
+  absl::MutexLock lock(&mutex_);
+  stats_.preemptions++;
+  stats_.running--;
+  waiting_.push_front(std::move(sequence));
+  stats_.waiting = static_cast<int32_t>(waiting_.size());
+}
+
+void Engine::Schedule() {
+  int64_t budget = options_.max_step_tokens;
+  // Running sequences in admission order. Each gets this step's tokens and the blocks for them
+  // (a decoding one also for its drafts); when the pool is out, the most recently admitted
+  // sequence is preempted, until the blocks fit or this sequence was the one preempted.
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence& sequence = *running_[i];
+    const int64_t computed = sequence.computed();
+    const int64_t remaining = static_cast<int64_t>(sequence.tokens.size()) - computed;
+    int64_t rows = 0;
+    int64_t drafts = 0;
+    if (remaining == 1) {
+      rows = 1;
+      if (sequence.num_draft_tokens > 0) {
+        drafts = DraftRoom(sequence.num_draft_tokens, sequence.request.stopping.max_tokens,
+                           sequence.output_size(), sequence.capacity, computed);
+      }
+    } else {
+      rows = std::min(remaining, budget);
+    }
+    sequence.step_rows = 0;
+    sequence.draft_room = 0;
+    if (rows <= 0) continue;  // waits for prefill budget
+    bool preempted_self = false;
+    while (!sequence.cache->Reserve(computed + rows + drafts).ok()) {
+      const size_t victim = running_.size() - 1;
+      preempted_self = victim == i;
+      Preempt(victim);
+      if (preempted_self) break;
+    }
+    if (preempted_self) break;
+    if (remaining > 1) budget -= rows;
+    sequence.step_rows = rows;
+    sequence.draft_room = drafts;
+  }
+
+  // Then waiting sequences, first come first served, while max_running, the token budget and the
+  // pool allow (vLLM admits while the next prefill chunk fits).
+  while (static_cast<int32_t>(running_.size()) < options_.max_running && budget > 0) {
+    std::unique_ptr<Sequence> sequence;
+    {
+      absl::MutexLock lock(&mutex_);
+      if (waiting_.empty()) break;
+      sequence = std::move(waiting_.front());
+      waiting_.pop_front();
+      stats_.waiting = static_cast<int32_t>(waiting_.size());
+    }
+    if (absl::Status started = Start(*sequence, budget); !started.ok()) {
+      // Out of blocks: it waits for running sequences to give some back. With nothing running
+      // nothing would, and any other error is the request's own.
+      if (started.code() != absl::StatusCode::kResourceExhausted || running_.empty()) {
+        Finish(*sequence, FinishReason::kNone,
+               started.code() == absl::StatusCode::kResourceExhausted
+                   ? absl::ResourceExhaustedError(absl::StrCat(
+                         "the KV pool has ", model_->kv_pool().available_blocks(), " of ",
+                         model_->kv_pool().num_blocks(), " blocks free, too few for this request"))
+                   : started);
         continue;
       }
-      sequence->cache.emplace(std::move(*cache));
-      {
-        // Only the counters: callbacks, sessions and allocations run without the lock (Finish
-        // takes it too).
-        absl::MutexLock lock(&mutex_);
-        stats_.running++;
-      }
-      if (tokenizer_ != nullptr)
-        sequence->decoder.emplace(*tokenizer_, /*skip_special_tokens=*/true);
-      if (sequence->num_draft_tokens > 0) {
-        absl::StatusOr<std::unique_ptr<DraftSession>> session =
-            options_.draft_source->StartSession(sequence->request.prompt, capacity);
-        if (!session.ok()) {
-          Finish(*sequence, FinishReason::kNone, session.status());
-          continue;
-        }
-        sequence->draft = std::move(*session);
-        sequence->context = sequence->request.prompt;
-      }
+      absl::MutexLock lock(&mutex_);
+      waiting_.push_front(std::move(sequence));
+      stats_.waiting = static_cast<int32_t>(waiting_.size());
+      break;
     }
+    {
+      absl::MutexLock lock(&mutex_);
+      stats_.running++;
+    }
+    Sequence& started = *sequence;
+    running_.push_back(std::move(sequence));
+    if (started.num_draft_tokens > 0) {
+      DraftSessionStart start;
+      start.context = started.tokens;
+      start.max_length = started.capacity;
+      start.first_position = started.computed();
+      start.target_cache = &*started.cache;
+      absl::StatusOr<std::unique_ptr<DraftSession>> session =
+          options_.draft_source->StartSession(start);
+      if (!session.ok()) {
+        Finish(started, FinishReason::kNone,
+               KilnAnnotate(session.status(), "starting the draft session"));
+        continue;
+      }
+      started.draft = std::move(*session);
+    }
+    const int64_t rows =
+        std::min(static_cast<int64_t>(started.tokens.size()) - started.computed(), budget);
+    budget -= started.decoding() ? 0 : rows;
+    started.step_rows = rows;
+    started.draft_room = 0;
   }
   std::erase_if(running_, [](const auto& sequence) { return sequence->finished; });
 }
 
 bool Engine::ProposeDrafts(Sequence& sequence) {
   sequence.step_tokens.clear();
-  if (sequence.draft == nullptr || !sequence.prefill_done() || sequence.output.empty()) {
+  if (sequence.draft == nullptr || !sequence.decoding() || sequence.step_rows == 0 ||
+      sequence.output_size() == 0 || sequence.draft_room <= 0) {
     return true;
   }
-  // Drafts past max_tokens or past the cache would be wasted: k + 1 new positions must fit
-  // after the cache's prompt + output − 1.
-  const int64_t produced = static_cast<int64_t>(sequence.output.size());
-  const int64_t k = std::min<int64_t>(
-      {sequence.num_draft_tokens, sequence.request.stopping.max_tokens - produced - 1,
-       sequence.cache->capacity() - static_cast<int64_t>(sequence.request.prompt.size()) -
-           produced});
-  if (k <= 0) return true;
+  const int32_t k = static_cast<int32_t>(sequence.draft_room);
   const HiddenStates hidden{sequence.hidden_first, model_->config().hidden_size, sequence.hidden};
-  absl::StatusOr<Draft> proposal =
-      sequence.draft->Propose(static_cast<int32_t>(k), sequence.context, hidden);
+  absl::StatusOr<Draft> proposal = sequence.draft->Propose(k, sequence.tokens, hidden);
   absl::Status status = proposal.status();
   if (status.ok()) {
-    status = ValidateDraft(*proposal, static_cast<int32_t>(k), model_->config().vocab_size);
+    status = ValidateDraft(*proposal, k, model_->config().vocab_size);
     if (!status.ok()) {
       status = absl::InternalError(absl::StrCat("draft source: ", status.message()));
     }
@@ -316,24 +532,29 @@ bool Engine::ProposeDrafts(Sequence& sequence) {
   sequence.hidden.clear();
   sequence.proposal = std::move(*proposal);
   if (sequence.proposal.tokens.empty()) return true;
-  sequence.step_tokens.push_back(sequence.output.back());
+  sequence.step_tokens.push_back(sequence.tokens.back());
   sequence.step_tokens.insert(sequence.step_tokens.end(), sequence.proposal.tokens.begin(),
                               sequence.proposal.tokens.end());
   return true;
 }
 
-FinishReason Engine::Emit(Sequence& sequence, SampledToken sampled, GenerationUpdate& update) {
+absl::StatusOr<FinishReason> Engine::Emit(Sequence& sequence, SampledToken sampled,
+                                          GenerationUpdate& update) {
   const StoppingParams& stopping = sequence.request.stopping;
   const int32_t token = sampled.token_id;
-  if (sequence.output.empty()) sequence.first_token = Clock::now();
-  sequence.output.push_back(token);
-  if (sequence.draft != nullptr) sequence.context.push_back(token);
+  if (sequence.output_size() == 0) sequence.first_token = Clock::now();
+  sequence.tokens.push_back(token);
   update.token_ids.push_back(token);
   if (sequence.request.logprobs > 0) update.logprobs.push_back(std::move(sampled));
 
   if (sequence.decoder.has_value()) {
     absl::StatusOr<std::string> text = sequence.decoder->Push(token);
-    if (text.ok()) sequence.held_text += *text;
+    if (!text.ok()) {
+      return absl::InternalError(
+          absl::StrCat("the model produced token ", token,
+                       ", which its tokenizer cannot decode: ", text.status().message()));
+    }
+    sequence.held_text += *text;
     const std::vector<std::string>& stops = stopping.stop;
     size_t stop_at = std::string::npos;
     for (const std::string& stop : stops) {
@@ -360,52 +581,68 @@ FinishReason Engine::Emit(Sequence& sequence, SampledToken sampled, GenerationUp
       stopping.stop_token_ids.end()) {
     return FinishReason::kStop;
   }
-  // The cache holds prompt + output − 1 positions; the next step needs one more.
-  if (static_cast<int32_t>(sequence.output.size()) >= stopping.max_tokens ||
-      static_cast<int64_t>(sequence.request.prompt.size() + sequence.output.size()) >
-          sequence.cache->capacity()) {
+  // The cache holds all tokens but the last; the next step needs room for one more.
+  if (sequence.output_size() >= stopping.max_tokens ||
+      static_cast<int64_t>(sequence.tokens.size()) > sequence.capacity) {
     return FinishReason::kLength;
   }
   return FinishReason::kNone;
 }
 
+void Engine::CacheFullBlocks(Sequence& sequence) {
+  if (!options_.prefix_caching || !sequence.cache.has_value()) return;
+  const KvCache& cache = *sequence.cache;
+  KvPool& pool = model_->kv_pool();
+  const int64_t block = pool.block_size();
+  // A block is cacheable once every position in it is computed and kept (after rollback).
+  while ((sequence.hashed_blocks + 1) * block <= cache.length()) {
+    const int64_t b = sequence.hashed_blocks;
+    std::optional<BlockHash> hash = BlockHash::Of(
+        sequence.block_hash, std::span<const int32_t>(sequence.tokens).subspan(b * block, block));
+    if (!hash.has_value()) return;
+    pool.Cache(cache.blocks()[static_cast<size_t>(b)], *hash);
+    sequence.block_hash = *hash;
+    sequence.hashed_blocks++;
+  }
+}
+
 bool Engine::Step() {
-  Admit();
-  if (running_.empty()) return false;
+  HandleCancellations();
+  Schedule();
+  if (running_.empty()) {
+    absl::MutexLock lock(&mutex_);
+    return !waiting_.empty();
+  }
 
   // Drafts come first: a session may run forwards of its own.
   const Clock::time_point draft_start = Clock::now();
   bool drafted = false;
-  for (auto& sequence : running_) drafted |= sequence->draft != nullptr && ProposeDrafts(*sequence);
+  for (auto& sequence : running_) {
+    if (sequence->draft != nullptr) drafted |= ProposeDrafts(*sequence);
+  }
   std::erase_if(running_, [](const auto& sequence) { return sequence->finished; });
   const double draft_seconds = drafted ? SecondsBetween(draft_start, Clock::now()) : 0.0;
-  if (running_.empty()) return true;
 
-  // One batched forward: the next prompt chunk of each prefilling sequence (within the step's
-  // token budget), the last token of each decoding one, and that token plus the drafts of each
-  // speculating one (with logits for all of them).
+  // One batched forward: each scheduled sequence's next tokens (a prefill chunk, its last token,
+  // or that token and its drafts, with logits for all of them).
   std::vector<SequenceChunk> chunks;
   std::vector<Sequence*> stepped;
-  int64_t budget = options_.max_step_tokens;
   for (auto& sequence : running_) {
+    if (sequence->step_rows == 0) continue;
     SequenceChunk chunk;
     chunk.cache = &*sequence->cache;
-    if (!sequence->prefill_done()) {
-      if (budget <= 0) continue;
-      const size_t n = std::min<size_t>(sequence->request.prompt.size() - sequence->prefilled,
-                                        static_cast<size_t>(budget));
-      chunk.tokens =
-          std::span<const int32_t>(sequence->request.prompt).subspan(sequence->prefilled, n);
-      budget -= static_cast<int64_t>(n);
-    } else if (sequence->verifying()) {
+    if (sequence->verifying()) {
       chunk.tokens = sequence->step_tokens;
       chunk.all_logits = true;
     } else {
-      chunk.tokens = std::span<const int32_t>(sequence->output).last(1);
+      chunk.tokens = std::span<const int32_t>(sequence->tokens)
+                         .subspan(static_cast<size_t>(sequence->computed()),
+                                  static_cast<size_t>(sequence->step_rows));
     }
     chunks.push_back(chunk);
     stepped.push_back(sequence.get());
   }
+  if (chunks.empty()) return true;
   const bool want_hidden =
       options_.draft_source != nullptr && options_.draft_source->needs_target_hidden();
   std::vector<float> logits, hidden;
@@ -425,6 +662,7 @@ bool Engine::Step() {
     Sequence* sequence;
     GenerationUpdate update;
     FinishReason reason;
+    absl::Status error;
   };
   std::vector<Delivery> delivered;
   uint64_t generated = 0;
@@ -446,20 +684,21 @@ bool Engine::Step() {
                                chunk_hidden + kept * hidden_size);
       }
     };
-    if (!sequence.prefill_done()) {
-      sequence.prefilled += n;
-      keep_hidden(n);
-      if (!sequence.prefill_done()) continue;
-    } else if (!sequence.verifying()) {
-      keep_hidden(1);
-    }
 
     GenerationUpdate update;
     FinishReason reason = FinishReason::kNone;
+    absl::Status error;
     if (!sequence.verifying()) {
+      keep_hidden(n);
+      if (sequence.computed() < static_cast<int64_t>(sequence.tokens.size())) {
+        CacheFullBlocks(sequence);
+        continue;  // a prefill chunk that did not reach the end of the tokens
+      }
       SampledToken sampled = sequence.sampler->Sample(chunk_logits, sequence.request.logprobs);
       sequence.sampler->Accept(sampled.token_id);
-      reason = Emit(sequence, std::move(sampled), update);
+      absl::StatusOr<FinishReason> emitted = Emit(sequence, std::move(sampled), update);
+      if (emitted.ok()) reason = *emitted;
+      error = emitted.status();
     } else {
       Verification verified = VerifyDraft(*sequence.sampler, chunk_logits, vocab, sequence.proposal,
                                           sequence.request.logprobs);
@@ -474,12 +713,19 @@ bool Engine::Step() {
       speculative.accepted += verified.accepted;
       // Tokens after a stop are dropped, as they would never have been sampled.
       for (SampledToken& sampled : verified.tokens) {
-        reason = Emit(sequence, std::move(sampled), update);
+        absl::StatusOr<FinishReason> emitted = Emit(sequence, std::move(sampled), update);
+        if (!emitted.ok()) {
+          error = emitted.status();
+          break;
+        }
+        reason = *emitted;
         if (reason != FinishReason::kNone) break;
       }
+      sequence.step_tokens.clear();
     }
+    CacheFullBlocks(sequence);
     generated += update.token_ids.size();
-    delivered.push_back({&sequence, std::move(update), reason});
+    delivered.push_back({&sequence, std::move(update), reason, std::move(error)});
   }
   // Stats first, so that a client that sees its last update also sees its step counted.
   {
@@ -492,8 +738,15 @@ bool Engine::Step() {
     stats_.draft_seconds += draft_seconds;
   }
   for (Delivery& delivery : delivered) {
-    delivery.sequence->on_update(std::move(delivery.update));
-    if (delivery.reason != FinishReason::kNone) Finish(*delivery.sequence, delivery.reason, {});
+    if (!delivery.update.token_ids.empty()) {
+      Deliver(*delivery.sequence, std::move(delivery.update));
+    }
+    if (delivery.sequence->finished) continue;  // its callback threw
+    if (!delivery.error.ok()) {
+      Finish(*delivery.sequence, FinishReason::kNone, std::move(delivery.error));
+    } else if (delivery.reason != FinishReason::kNone) {
+      Finish(*delivery.sequence, delivery.reason, {});
+    }
   }
   std::erase_if(running_, [](const auto& sequence) { return sequence->finished; });
   return true;
@@ -509,7 +762,16 @@ void Engine::Loop() {
       mutex_.Await(absl::Condition(&has_work));
       if (stop_ && waiting_.empty() && running_.empty()) break;
     }
-    Step();
+    // A step must never stop the loop: whatever it throws ends its sequences, not the model.
+    try {
+      Step();
+    } catch (const std::bad_alloc&) {
+      FailRunning(absl::ResourceExhaustedError("out of memory in a step of this model"));
+    } catch (const std::exception& e) {
+      FailRunning(absl::InternalError(absl::StrCat("a step of this model failed: ", e.what())));
+    } catch (...) {
+      FailRunning(absl::InternalError("a step of this model failed"));
+    }
   }
   absl::MutexLock lock(&mutex_);
   stats_.running = 0;

@@ -1,8 +1,15 @@
-// One step loop per model (design.md §2): each step admits waiting requests, runs prefill chunks
-// and decode tokens of every running sequence in one batched forward, samples, and streams
-// updates out. Cancelled or finished sequences free their KV cache at the next step.
-// Sequences that speculate (engine/draft_source.h) have their drafts verified in the same
-// batched forward: k + 1 positions each, then rejected positions are rolled back.
+// One step loop per model (design.md §2): each step schedules the running sequences and admits
+// waiting ones as the model's KV pool allows, runs prefill chunks and decode tokens of every
+// scheduled sequence in one batched forward, samples, and streams updates out. It follows
+// vLLM's scheduler: a sequence is its tokens (prompt + output) and how many of them its KV cache
+// holds, so prefill, decode, speculative verification and the recompute after preemption are one
+// mechanism; blocks are reserved before the forward; when they run out the most recently
+// admitted sequence is preempted (its blocks freed, its output kept, back to the front of the
+// queue) rather than anyone failing; full blocks join the prefix cache, and admission reuses the
+// longest cached prefix. Sequences that speculate (engine/draft_source.h) have their drafts
+// verified in the same batched forward: k + 1 positions each, then rejected positions are rolled
+// back. Nothing a client or a draft source does can stop the loop: exceptions end the step's
+// sequences with an error, and no lock is held while calling out.
 #pragma once
 
 #include <cstdint>
@@ -57,6 +64,7 @@ struct GenerationUpdate {
   FinishReason finish = FinishReason::kNone;  // set on the last update
   absl::Status status;                        // an error ends the stream (finish stays kNone)
   int32_t prompt_tokens = 0;
+  int32_t cached_prompt_tokens = 0;  // of which came from the prefix cache (set on the last)
   int32_t completion_tokens = 0;
   double time_to_first_token_seconds = 0;
   double total_seconds = 0;
@@ -67,14 +75,16 @@ struct GenerationUpdate {
 using UpdateCallback = std::function<void(GenerationUpdate)>;
 
 struct EngineOptions {
-  int32_t max_running = 16;       // sequences in one batched step
-  int32_t max_queued = 64;        // waiting requests beyond which Submit is refused
+  int32_t max_running = 16;       // sequences in one batched step, at most
+  int32_t max_queued = 1024;      // waiting requests beyond which Submit is refused
   int32_t max_step_tokens = 512;  // prompt tokens prefilled per step (chunked prefill)
   int64_t max_context = 4096;     // prompt + output tokens of one sequence
   uint64_t seed = 0;              // seeds requests that bring no seed of their own
   // Proposes draft tokens for speculative decoding; null = requests cannot speculate.
   std::shared_ptr<DraftSource> draft_source;
   int32_t default_num_draft_tokens = 0;  // for requests that leave num_draft_tokens unset
+  // Reuse cached KV blocks of equal prompt prefixes (the output is the same either way).
+  bool prefix_caching = true;
 };
 
 // The step capacity a model's execution context needs to run this engine's steps in one go: a
@@ -93,6 +103,10 @@ struct EngineStats {
   SpeculativeStats speculative;
   double forward_seconds = 0;  // in target forwards
   double draft_seconds = 0;    // in DraftSession::Propose
+  uint64_t preemptions = 0;    // sequences preempted for want of KV blocks
+  // Prompt tokens of admitted requests, and of those the ones served from the prefix cache.
+  uint64_t prompt_tokens = 0;
+  uint64_t cached_prompt_tokens = 0;
 };
 
 class Engine {
@@ -125,12 +139,32 @@ class Engine {
          const EngineOptions& options);
   void Loop();
   bool Step();  // false when there is nothing to do
-  void Admit();
+  // Cancellations (and a shutdown that does not drain) end their sequences.
+  void HandleCancellations();
+  // Reserves this step's blocks for the running sequences (preempting when the pool is out),
+  // then admits waiting sequences while the pool, max_running and the token budget allow.
+  void Schedule();
+  // Starts a sequence's KV cache (reusing its longest cached prefix) and reserves its first
+  // chunk; ResourceExhausted when the pool cannot hold that chunk now.
+  absl::Status Start(Sequence& sequence, int64_t budget);
+  // Frees a running sequence's blocks and puts it back at the front of the queue.
+  void Preempt(size_t running_index);
+  static BlockHash PrefixRoot(const Sequence& sequence);
+  // Adds the sequence's newly full blocks to the prefix cache.
+  void CacheFullBlocks(Sequence& sequence);
   void Finish(Sequence& sequence, FinishReason reason, absl::Status status);
+  // Ends a sequence without a word to its client: its blocks and draft session go.
+  void Drop(Sequence& sequence);
+  // Hands an update to the client's callback; one that throws loses its stream, and only its.
+  void Deliver(Sequence& sequence, GenerationUpdate update);
+  // Ends every running sequence with `status` (a step that threw).
+  void FailRunning(const absl::Status& status);
   // Proposes this step's drafts; false when the sequence failed (and was finished).
   bool ProposeDrafts(Sequence& sequence);
-  // Appends a token to the output and to `update`; returns why the sequence ends, if it does.
-  FinishReason Emit(Sequence& sequence, SampledToken sampled, GenerationUpdate& update);
+  // Appends a token to the output and to `update`; returns why the sequence ends, if it does,
+  // or an error (its text could not be decoded).
+  absl::StatusOr<FinishReason> Emit(Sequence& sequence, SampledToken sampled,
+                                    GenerationUpdate& update);
 
   std::shared_ptr<const PreparedModel> model_;
   std::shared_ptr<const Tokenizer> tokenizer_;

@@ -15,8 +15,9 @@ int32_t Argmax(std::span<const float> row) {
 
 class MtpDraftSession final : public DraftSession {
  public:
-  MtpDraftSession(std::shared_ptr<const PreparedModel> model, std::vector<KvCache> caches)
-      : model_(std::move(model)), caches_(std::move(caches)) {}
+  MtpDraftSession(std::shared_ptr<const PreparedModel> model, std::vector<KvCache> caches,
+                  int64_t first_position)
+      : model_(std::move(model)), caches_(std::move(caches)), consumed_(first_position) {}
 
   absl::StatusOr<Draft> Propose(int32_t k, std::span<const int32_t> context,
                                 const HiddenStates& target_hidden) override {
@@ -83,14 +84,28 @@ absl::StatusOr<std::shared_ptr<MtpDraftSource>> MtpDraftSource::Create(
 }
 
 absl::StatusOr<std::unique_ptr<DraftSession>> MtpDraftSource::StartSession(
-    std::span<const int32_t> /*prompt*/, int64_t max_length) {
+    const DraftSessionStart& start) {
+  // Room for the sequence plus one step of drafts, within the model's context (drafts past it
+  // are simply not made).
+  const int64_t capacity =
+      std::min<int64_t>(start.max_length + kMaxDraftTokens, model_->context_limit());
+  if (start.first_position > 0 && start.target_cache == nullptr) {
+    return absl::InvalidArgumentError(
+        "MTP draft: a cached prefix needs the target's KV cache, whose blocks hold the heads' "
+        "keys and values");
+  }
   std::vector<KvCache> caches;
   for (int head = 0; head < model_->num_mtp_heads(); ++head) {
-    // Room for the sequence plus one step of drafts.
-    KILN_ASSIGN_OR_RETURN(KvCache cache, model_->NewMtpCache(max_length + kMaxDraftTokens));
-    caches.push_back(std::move(cache));
+    // The heads' keys and values sit in their own layer slots of the sequence's blocks.
+    absl::StatusOr<KvCache> cache = start.target_cache != nullptr
+                                        ? model_->NewMtpCache(*start.target_cache, capacity)
+                                        : model_->NewMtpCache(capacity);
+    if (!cache.ok()) return KilnAnnotate(cache.status(), "MTP draft session");
+    cache->set_length(head == 0 ? start.first_position : 0);
+    caches.push_back(*std::move(cache));
   }
-  return std::unique_ptr<DraftSession>(new MtpDraftSession(model_, std::move(caches)));
+  return std::unique_ptr<DraftSession>(
+      new MtpDraftSession(model_, std::move(caches), start.first_position));
 }
 
 }  // namespace kiln

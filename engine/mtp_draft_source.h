@@ -22,8 +22,8 @@ class MtpDraftSource final : public DraftSource {
 
   absl::string_view name() const override { return "mtp"; }
   bool needs_target_hidden() const override { return true; }
-  absl::StatusOr<std::unique_ptr<DraftSession>> StartSession(std::span<const int32_t> prompt,
-                                                             int64_t max_length) override;
+  absl::StatusOr<std::unique_ptr<DraftSession>> StartSession(
+      const DraftSessionStart& start) override;
 
  private:
   explicit MtpDraftSource(std::shared_ptr<const PreparedModel> model) : model_(std::move(model)) {}

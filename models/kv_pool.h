@@ -24,8 +24,10 @@
 namespace kiln {
 
 struct KvPoolOptions {
-  int64_t block_size = 16;  // positions per block
-  uint64_t bytes = 0;       // the pool's budget; 0 = a default (see KvPoolDefaultBytes)
+  int64_t block_size = 16;         // positions per block
+  uint64_t bytes = 0;              // the pool's budget; 0 = a default (see KvPoolDefaultBytes) for:
+  int64_t default_sequences = 16;  // sequences (the engine's max_running)
+  int64_t default_context = 4096;  // of this many positions (capped by the model's context)
 };
 
 // A block's identity in the prefix cache: SHA-256 of the parent block's hash and the block's

@@ -223,8 +223,12 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
   KvPoolOptions pool_options = options.kv_pool;
   const int64_t pool_layers = c.num_hidden_layers + static_cast<int64_t>(model->mtp_heads_.size());
   if (pool_options.bytes == 0) {
-    pool_options.bytes = KvPoolDefaultBytes(*backend, pool_layers, c.kv_dim(), 16,
-                                            std::min<int64_t>(c.max_position_embeddings, 4096));
+    int64_t context = pool_options.default_context;
+    if (c.max_position_embeddings > 0) {
+      context = std::min<int64_t>(context, c.max_position_embeddings);
+    }
+    pool_options.bytes = KvPoolDefaultBytes(*backend, pool_layers, c.kv_dim(),
+                                            pool_options.default_sequences, context);
   }
   KILN_ASSIGN_OR_RETURN(model->kv_pool_,
                         KvPool::Create(*backend, pool_layers, c.kv_dim(), pool_options));

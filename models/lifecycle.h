@@ -19,8 +19,9 @@ struct PostLoadOptions {
   std::optional<DType> compute_dtype;
   // The largest step the execution context is sized for (larger ones run as sub-steps).
   StepCapacity step_capacity;
-  // The KV pool; a budget of 0 sizes it for 16 sequences of min(max_position_embeddings, 4096)
-  // positions, at most a quarter of the backend's available memory.
+  // The KV pool; a budget of 0 sizes it for default_sequences sequences of default_context
+  // positions (at most max_position_embeddings), at most a quarter of the backend's available
+  // memory.
   KvPoolOptions kv_pool;
 };
 

@@ -53,6 +53,12 @@ size_t PreparedModel::bytes_streamed_per_token() const {
          static_cast<size_t>(config_.hidden_size) * DTypeSize(embedding_.dtype);
 }
 
+int64_t PreparedModel::context_limit() const {
+  int64_t limit = config_.max_position_embeddings;
+  if (config_.sliding_window > 0) limit = std::min(limit, config_.sliding_window);
+  return limit;
+}
+
 absl::StatusOr<KvCache> PreparedModel::NewCache(int64_t capacity) const {
   if (capacity <= 0) return absl::InvalidArgumentError("KV cache capacity must be positive");
   KILN_RETURN_IF_ERROR(CheckContext(config_, capacity));

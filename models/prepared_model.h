@@ -84,6 +84,8 @@ class PreparedModel {
   StageTimings& timings() { return timings_; }
   const StageTimings& timings() const { return timings_; }
 
+  // The most positions one sequence may hold: max_position_embeddings (or the sliding window).
+  int64_t context_limit() const;
   // An empty KV cache for one sequence of up to `capacity` positions; it takes blocks of the
   // model's KV pool as it grows.
   absl::StatusOr<KvCache> NewCache(int64_t capacity) const;

@@ -107,6 +107,11 @@ absl::Status ApplyServerConfig(const v1::ServerConfig& config, const std::string
     options->tls_cert_file = Rebase(base_dir, config.tls_cert_file());
   if (!config.metrics_listen().empty()) options->metrics_listen = config.metrics_listen();
   if (!config.default_backend().empty()) options->default_backend = config.default_backend();
+  if (config.kv_cache_bytes() > 0) options->kv_pool.bytes = config.kv_cache_bytes();
+  if (config.kv_block_size() < 0) {
+    return absl::InvalidArgumentError("kv_block_size must not be negative");
+  }
+  if (config.kv_block_size() > 0) options->kv_pool.block_size = config.kv_block_size();
   if (!config.tls_key_file().empty())
     options->tls_key_file = Rebase(base_dir, config.tls_key_file());
   return absl::OkStatus();

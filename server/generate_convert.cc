@@ -140,6 +140,7 @@ void ToGenerateResponse(const GenerationUpdate& update, const Tokenizer* tokeniz
   response->set_finish_reason(ToProtoFinish(update.finish));
   response->mutable_usage()->set_prompt_tokens(update.prompt_tokens);
   response->mutable_usage()->set_completion_tokens(update.completion_tokens);
+  response->mutable_usage()->set_cached_prompt_tokens(update.cached_prompt_tokens);
   response->mutable_timings()->set_time_to_first_token_seconds(update.time_to_first_token_seconds);
   response->mutable_timings()->set_total_seconds(update.total_seconds);
   response->mutable_speculative_stats()->set_drafted(update.speculative.drafted);

@@ -36,12 +36,22 @@ ABSL_FLAG(std::string, admin_token_file, "",
           "file holding the token the Models service requires ('authorization: Bearer <token>')");
 ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain (with --tls-key: serve TLS)");
 ABSL_FLAG(std::string, tls_key, "", "PEM private key (with --tls-cert: serve TLS)");
-ABSL_FLAG(int32_t, max_queued, 64, "per model: waiting requests beyond which Generate is refused");
+ABSL_FLAG(int32_t, max_queued, 1024,
+          "per model: waiting requests beyond which Generate is refused (RESOURCE_EXHAUSTED)");
 ABSL_FLAG(int32_t, max_running, 16, "per model: sequences decoded together in one step");
 ABSL_FLAG(int32_t, num_draft_tokens, 0,
           "speculative decoding: draft tokens per step for requests that do not set "
           "speculative.num_draft_tokens, on models with MTP heads (0 = off; at most 16)");
 ABSL_FLAG(int64_t, max_context, 4096, "tokens of one sequence (prompt + output)");
+ABSL_FLAG(uint64_t, kv_cache_bytes, 0,
+          "per model: bytes of its paged KV pool, allocated at load (a LoadModel or config "
+          "model's kv_cache_bytes overrides it); 0: room for max_running sequences of max_context "
+          "tokens, at most a quarter of the backend's free memory");
+ABSL_FLAG(int32_t, kv_block_size, 16,
+          "positions per KV block (prefix caching shares whole blocks)");
+ABSL_FLAG(int32_t, max_threads, 2048,
+          "gRPC threads, which bound the concurrent streams (requests beyond max_running wait in "
+          "each model's queue)");
 ABSL_FLAG(int32_t, default_max_tokens, 256, "tokens generated when a request sets no max_tokens");
 ABSL_FLAG(std::string, backend, "cpu",
           "compute backend of models that name none (LoadModel's backend field, a config "
@@ -121,6 +131,12 @@ absl::StatusOr<ServerOptions> BuildOptions(int argc, char** argv) {
   }
   if (OnCommandLine(argc, argv, "max_context"))
     options.engine.max_context = absl::GetFlag(FLAGS_max_context);
+  if (OnCommandLine(argc, argv, "kv_cache_bytes"))
+    options.kv_pool.bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
+  if (OnCommandLine(argc, argv, "kv_block_size"))
+    options.kv_pool.block_size = absl::GetFlag(FLAGS_kv_block_size);
+  if (OnCommandLine(argc, argv, "max_threads"))
+    options.max_threads = absl::GetFlag(FLAGS_max_threads);
   if (OnCommandLine(argc, argv, "default_max_tokens")) {
     options.default_max_tokens = absl::GetFlag(FLAGS_default_max_tokens);
   }

@@ -340,7 +340,25 @@ ServerMetrics::ServerMetrics(const ModelRegistry* registry)
       waiting_(registry_.AddGauge("kiln_requests_waiting",
                                   "Requests queued for the engine, not yet running.", {"model"})),
       kv_cache_bytes_(registry_.AddGauge("kiln_kv_cache_usage_bytes",
-                                         "KV cache bytes held by running sequences.", {"model"})),
+                                         "KV pool bytes held by running sequences.", {"model"})),
+      kv_pool_bytes_(registry_.AddGauge("kiln_kv_pool_bytes", "Size of the model's paged KV pool.",
+                                        {"model"})),
+      kv_cache_usage_(registry_.AddGauge(
+          "kiln_kv_cache_usage_ratio",
+          "Fraction of the KV pool's blocks held by running sequences (0 to 1).", {"model"})),
+      preemptions_(registry_.AddCounter(
+          "kiln_preemptions_total",
+          "Running sequences preempted for want of KV blocks (recomputed when resumed).",
+          {"model"})),
+      prefix_cache_queries_(registry_.AddCounter(
+          "kiln_prefix_cache_queries_tokens_total",
+          "Prompt tokens of admitted requests (looked up in the prefix cache).", {"model"})),
+      prefix_cache_hits_(registry_.AddCounter(
+          "kiln_prefix_cache_hits_tokens_total",
+          "Prompt tokens served from the prefix cache instead of being prefilled.", {"model"})),
+      prefix_cache_hit_rate_(registry_.AddGauge(
+          "kiln_prefix_cache_hit_rate",
+          "Prompt tokens served from the prefix cache over prompt tokens, since load.", {"model"})),
       engine_steps_(registry_.AddCounter("kiln_engine_steps_total",
                                          "Batched steps the model's engine has run.", {"model"})),
       models_(registry_.AddGauge("kiln_models", "Registered models by state.", {"state"})),
@@ -362,6 +380,12 @@ void ServerMetrics::Collect() {
   running_.Clear();
   waiting_.Clear();
   kv_cache_bytes_.Clear();
+  kv_pool_bytes_.Clear();
+  kv_cache_usage_.Clear();
+  preemptions_.Clear();
+  prefix_cache_queries_.Clear();
+  prefix_cache_hits_.Clear();
+  prefix_cache_hit_rate_.Clear();
   engine_steps_.Clear();
   load_seconds_.Clear();
   std::map<ModelState, int> by_state = {{ModelState::kLoading, 0},
@@ -378,6 +402,23 @@ void ServerMetrics::Collect() {
         waiting_.WithLabels({name}).Set(stats.waiting);
         kv_cache_bytes_.WithLabels({name}).Set(static_cast<double>(stats.kv_cache_bytes));
         engine_steps_.WithLabels({name}).Increment(static_cast<double>(stats.steps));
+        preemptions_.WithLabels({name}).Increment(static_cast<double>(stats.preemptions));
+        prefix_cache_queries_.WithLabels({name}).Increment(
+            static_cast<double>(stats.prompt_tokens));
+        prefix_cache_hits_.WithLabels({name}).Increment(
+            static_cast<double>(stats.cached_prompt_tokens));
+        prefix_cache_hit_rate_.WithLabels({name}).Set(
+            stats.prompt_tokens == 0 ? 0.0
+                                     : static_cast<double>(stats.cached_prompt_tokens) /
+                                           static_cast<double>(stats.prompt_tokens));
+        if (model.model != nullptr) {
+          const KvPool& pool = model.model->kv_pool();
+          kv_pool_bytes_.WithLabels({name}).Set(static_cast<double>(pool.bytes()));
+          kv_cache_usage_.WithLabels({name}).Set(
+              pool.num_blocks() == 0 ? 0.0
+                                     : static_cast<double>(pool.stats().used_blocks) /
+                                           static_cast<double>(pool.num_blocks()));
+        }
       }
       if (model.model != nullptr) {
         const StageTimings& timings = model.model->timings();

@@ -216,6 +216,12 @@ class ServerMetrics {
   metrics::Family<metrics::Gauge>& running_;
   metrics::Family<metrics::Gauge>& waiting_;
   metrics::Family<metrics::Gauge>& kv_cache_bytes_;
+  metrics::Family<metrics::Gauge>& kv_pool_bytes_;
+  metrics::Family<metrics::Gauge>& kv_cache_usage_;
+  metrics::Family<metrics::Counter>& preemptions_;
+  metrics::Family<metrics::Counter>& prefix_cache_queries_;
+  metrics::Family<metrics::Counter>& prefix_cache_hits_;
+  metrics::Family<metrics::Gauge>& prefix_cache_hit_rate_;
   metrics::Family<metrics::Counter>& engine_steps_;
   metrics::Family<metrics::Gauge>& models_;
   metrics::Family<metrics::Gauge>& load_seconds_;

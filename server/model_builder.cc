@@ -31,11 +31,16 @@ absl::StatusOr<std::string> ReadSecretFile(const std::string& path, absl::string
 
 absl::StatusOr<std::unique_ptr<ModelBuilder>> ModelBuilder::Create(const ModelRoots* roots,
                                                                    EngineOptions engine,
+                                                                   KvPoolOptions kv_pool,
                                                                    std::string default_backend) {
   if (default_backend.empty()) default_backend = std::string(kDefaultBackend);
   KILN_RETURN_IF_ERROR(KilnAnnotate(CheckBackendAvailable(default_backend), "default backend"));
+  if (kv_pool.block_size < 1 || kv_pool.block_size > 1024) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "kv_block_size must be between 1 and 1024 positions, got ", kv_pool.block_size));
+  }
   return std::unique_ptr<ModelBuilder>(
-      new ModelBuilder(roots, std::move(engine), std::move(default_backend)));
+      new ModelBuilder(roots, std::move(engine), kv_pool, std::move(default_backend)));
 }
 
 absl::StatusOr<std::shared_ptr<Backend>> ModelBuilder::BackendFor(const std::string& name) {
@@ -99,6 +104,13 @@ absl::StatusOr<BuiltModel> ModelBuilder::Build(const ModelSpec& spec, const fs::
                                                    " checkpoint, not ", spec.format));
   }
   load_options.step_capacity = EngineStepCapacity(engine_, opened.config.num_mtp_layers > 0);
+  // The pool: the spec's budget, else the server's, else room for max_running sequences of
+  // max_context positions (vLLM sizes its pool from free memory instead; a CPU server's memory
+  // is shared with everything else on the machine, so kiln asks for what its engine can use).
+  load_options.kv_pool = kv_pool_;
+  if (spec.kv_cache_bytes > 0) load_options.kv_pool.bytes = spec.kv_cache_bytes;
+  load_options.kv_pool.default_sequences = engine_.max_running;
+  load_options.kv_pool.default_context = engine_.max_context;
   BuiltModel built;
   built.checkpoint_dir = location.dir;
   built.side_files = std::make_shared<const SideFiles>(std::move(opened.side_files));
@@ -127,6 +139,7 @@ absl::StatusOr<BuiltModel> ModelBuilder::Build(const ModelSpec& spec, const fs::
   }
 
   EngineOptions engine_options = engine_;
+  engine_options.prefix_caching = spec.prefix_caching;
   if (built.model->num_mtp_heads() > 0) {
     KILN_ASSIGN_OR_RETURN(engine_options.draft_source, MtpDraftSource::Create(built.model));
   } else {

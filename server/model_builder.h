@@ -40,8 +40,11 @@ class ModelBuilder {
  public:
   // `roots` must outlive the builder. InvalidArgument / FailedPrecondition when
   // `default_backend` is unknown or cannot run here.
+  // `kv_pool` is every model's pool unless its spec sets a budget (bytes 0: derived from the
+  // engine's max_running and max_context).
   static absl::StatusOr<std::unique_ptr<ModelBuilder>> Create(const ModelRoots* roots,
                                                               EngineOptions engine,
+                                                              KvPoolOptions kv_pool,
                                                               std::string default_backend);
 
   // The backend `spec` runs on: its own, else the default.
@@ -52,13 +55,18 @@ class ModelBuilder {
   absl::StatusOr<BuiltModel> Build(const ModelSpec& spec, const std::filesystem::path& path);
 
  private:
-  ModelBuilder(const ModelRoots* roots, EngineOptions engine, std::string default_backend)
-      : roots_(*roots), engine_(std::move(engine)), default_backend_(std::move(default_backend)) {}
+  ModelBuilder(const ModelRoots* roots, EngineOptions engine, KvPoolOptions kv_pool,
+               std::string default_backend)
+      : roots_(*roots),
+        engine_(std::move(engine)),
+        kv_pool_(kv_pool),
+        default_backend_(std::move(default_backend)) {}
   absl::StatusOr<std::shared_ptr<Backend>> BackendFor(const std::string& name);
   absl::StatusOr<TensorizerCheckpointOptions> TensorizerOptionsFor(const ModelSpec& spec) const;
 
   const ModelRoots& roots_;
   const EngineOptions engine_;
+  const KvPoolOptions kv_pool_;
   const std::string default_backend_;
   absl::Mutex mutex_;
   std::map<std::string, std::shared_ptr<Backend>> backends_ ABSL_GUARDED_BY(mutex_);

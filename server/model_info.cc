@@ -67,6 +67,21 @@ void FillModelInfo(const ModelSnapshot& snapshot, v1::ModelInfo* info) {
       ")"));
   info->set_vocab_size(static_cast<int32_t>(model.config().vocab_size));
   info->set_max_context(snapshot.max_context);
+  const KvPool& pool = model.kv_pool();
+  const KvPoolStats pool_stats = pool.stats();
+  v1::KvPoolInfo* kv = info->mutable_kv_pool();
+  kv->set_bytes(pool.bytes());
+  kv->set_blocks(pool.num_blocks());
+  kv->set_block_size(static_cast<int32_t>(pool.block_size()));
+  kv->set_used_blocks(pool_stats.used_blocks);
+  kv->set_cached_blocks(pool_stats.cached_blocks);
+  kv->set_prefix_caching(snapshot.spec.prefix_caching);
+  if (snapshot.engine != nullptr) {
+    const EngineStats stats = snapshot.engine->stats();
+    kv->set_preemptions(stats.preemptions);
+    kv->set_prompt_tokens(stats.prompt_tokens);
+    kv->set_cached_prompt_tokens(stats.cached_prompt_tokens);
+  }
 
   v1::LoadTimings* timings = info->mutable_load_timings();
   timings->set_open_seconds(model.timings().open_seconds);
@@ -89,6 +104,8 @@ void FillModelInfo(const ModelSnapshot& snapshot, v1::ModelInfo* info) {
 template <typename Message>
 ModelSpec SpecFrom(const Message& m) {
   ModelSpec spec{m.name(), m.path(), m.format(), m.dtype(), m.backend(), {}};
+  spec.kv_cache_bytes = m.kv_cache_bytes();
+  spec.prefix_caching = !m.disable_prefix_caching();
   const v1::TensorizerOptions& tensorizer = m.tensorizer();
   TensorizerSpec& tz = spec.tensorizer;
   tz.config_path = tensorizer.config_path();

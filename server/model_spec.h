@@ -2,6 +2,7 @@
 // validation.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/status.h"
@@ -25,6 +26,8 @@ struct ModelSpec {
   std::string dtype;    // "" (the checkpoint's), "bf16" or "f32"
   std::string backend;  // "" (the server's default) or a backend name ("cpu")
   TensorizerSpec tensorizer;
+  uint64_t kv_cache_bytes = 0;  // KV pool budget; 0 = the server's
+  bool prefix_caching = true;
 };
 
 // InvalidArgument naming the field at fault (name, path, format, dtype, backend, tensorizer.*).

@@ -55,9 +55,10 @@ absl::StatusOr<std::unique_ptr<ModelRegistry>> ModelRegistry::Create(RegistryOpt
   }
   auto registry =
       std::unique_ptr<ModelRegistry>(new ModelRegistry(std::move(options), std::move(roots)));
-  KILN_ASSIGN_OR_RETURN(registry->builder_,
-                        ModelBuilder::Create(&registry->roots_, registry->options_.engine,
-                                             registry->options_.default_backend));
+  KILN_ASSIGN_OR_RETURN(
+      registry->builder_,
+      ModelBuilder::Create(&registry->roots_, registry->options_.engine, registry->options_.kv_pool,
+                           registry->options_.default_backend));
   return registry;
 }
 

@@ -56,7 +56,8 @@ struct RegistryOptions {
   // Directories that model paths must resolve into (symlinks followed). Empty: every load is
   // refused.
   std::vector<std::string> model_roots;
-  EngineOptions engine;  // max_context is further capped by each model's max_position_embeddings
+  EngineOptions engine;   // max_context is further capped by each model's max_position_embeddings
+  KvPoolOptions kv_pool;  // each model's KV pool (a spec's kv_cache_bytes overrides the budget)
   // Backend of specs that name none; "" = "cpu". Must be available here.
   std::string default_backend;
   // Tests: runs on the loading thread once the LOADING entry is visible, before any file is read.

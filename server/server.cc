@@ -88,6 +88,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(ServerOptions options
   RegistryOptions registry_options;
   registry_options.model_roots = options.model_roots;
   registry_options.engine = options.engine;
+  registry_options.kv_pool = options.kv_pool;
   registry_options.default_backend = options.default_backend;
   registry_options.on_loading_for_testing = options.on_loading_for_testing;
   KILN_ASSIGN_OR_RETURN(server->registry_, ModelRegistry::Create(std::move(registry_options)));
@@ -157,7 +158,10 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(ServerOptions options
   }
   LOG(INFO) << "per model: max_running " << options.engine.max_running << ", max_queued "
             << options.engine.max_queued << ", max_context " << options.engine.max_context
-            << ", default_max_tokens " << options.default_max_tokens;
+            << ", default_max_tokens " << options.default_max_tokens << "; KV blocks of "
+            << options.kv_pool.block_size << " positions, pool "
+            << (options.kv_pool.bytes == 0 ? std::string("sized from max_running x max_context")
+                                           : absl::StrCat(options.kv_pool.bytes, " bytes"));
   LOG(INFO) << "listening on " << server->address_
             << (options.tls_cert_file.empty() ? " (insecure)" : " (TLS)")
             << (admin_token.empty() ? "; Models service open to every client"

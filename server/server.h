@@ -28,6 +28,7 @@ struct ServerOptions {
   std::vector<ModelSpec> models;           // loaded before the server starts listening
   std::string default_backend;             // for models that name none; "" = "cpu"
   EngineOptions engine;                    // per model: max_running, max_queued, max_context
+  KvPoolOptions kv_pool;                   // per model: block size and budget (0 = derived)
   int32_t default_max_tokens = 256;        // for requests with stopping.max_tokens = 0
   std::string admin_token;                 // "": the Models service is open
   std::string admin_token_file;            // read at start; overrides admin_token
@@ -35,7 +36,9 @@ struct ServerOptions {
   std::string tls_key_file;
   // HOST:PORT of the Prometheus endpoint (HTTP GET /metrics); "" = off; port 0 picks a free one.
   std::string metrics_listen;
-  int max_threads = 256;  // gRPC sync-server threads (≥ concurrent streams)
+  // gRPC sync-server threads: each open Generate stream holds one, so this bounds concurrent
+  // streams (requests queue in the engine, not here: see EngineOptions::max_queued).
+  int max_threads = 2048;
   absl::Duration shutdown_grace = absl::Seconds(3);  // in-flight calls may finish meanwhile
   absl::Duration cancel_poll = absl::Milliseconds(20);
   // Tests and benchmarks only: every streamed token is delayed by this much (see

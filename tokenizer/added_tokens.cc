@@ -127,7 +127,7 @@ std::vector<LiteralMatcher::Match> LiteralMatcher::FindAll(absl::string_view tex
   return matches;
 }
 
-std::unique_ptr<AddedVocabulary> AddedVocabulary::Create(
+absl::StatusOr<std::unique_ptr<AddedVocabulary>> AddedVocabulary::Create(
     const std::vector<AddedToken>& tokens,
     const std::function<std::optional<int32_t>(absl::string_view)>& model_token_to_id,
     size_t model_vocab_size, const Normalizer* normalizer) {
@@ -158,8 +158,13 @@ std::unique_ptr<AddedVocabulary> AddedVocabulary::Create(
   for (size_t index = 0; index < vocab->tokens_.size(); ++index) {
     AddedToken& token = vocab->tokens_[index];
     MatchingSet& set = token.normalized ? vocab->normalized_ : vocab->raw_;
-    token.decoded = token.normalized && normalizer != nullptr ? normalizer->Normalize(token.content)
-                                                              : token.content;
+    if (token.normalized && normalizer != nullptr) {
+      absl::StatusOr<std::string> normalized = normalizer->Normalize(token.content);
+      if (!normalized.ok()) return normalized.status();
+      token.decoded = *std::move(normalized);
+    } else {
+      token.decoded = token.content;
+    }
     token.skipped_as_special = special_contents.contains(token.decoded);
     set.matcher.Add(token.decoded);
     set.token_index.push_back(index);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "absl/container/flat_hash_map.h"
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "tokenizer/components.h"
 
@@ -63,8 +64,9 @@ class AddedVocabulary {
  public:
   // Ids follow the crate: a token whose content the model already has takes the model's id;
   // any other gets the next id after `model_vocab_size` (entries, not the largest id). Tokens
-  // with empty content and repeated contents are skipped. `normalizer` may be null.
-  static std::unique_ptr<AddedVocabulary> Create(
+  // with empty content and repeated contents are skipped. `normalizer` may be null; its error
+  // (normalizing a token's content) is returned.
+  static absl::StatusOr<std::unique_ptr<AddedVocabulary>> Create(
       const std::vector<AddedToken>& tokens,
       const std::function<std::optional<int32_t>(absl::string_view)>& model_token_to_id,
       size_t model_vocab_size, const Normalizer* normalizer);

@@ -30,7 +30,7 @@ constexpr absl::string_view kReplacementChar = "\xEF\xBF\xBD";  // U+FFFD
 // from_utf8_lossy over the concatenation) or keeps the bytes for streaming.
 class ByteLevelDecoder final : public Decoder {
  public:
-  std::vector<std::string> Decode(std::vector<std::string> tokens) const override {
+  absl::StatusOr<std::vector<std::string>> Decode(std::vector<std::string> tokens) const override {
     std::string bytes;
     size_t total = 0;
     for (const std::string& token : tokens) total += token.size();
@@ -69,7 +69,7 @@ class MetaspaceDecoder final : public Decoder {
  public:
   MetaspaceDecoder(std::string replacement, bool strip_first)
       : replacement_(std::move(replacement)), strip_first_(strip_first) {}
-  std::vector<std::string> Decode(std::vector<std::string> tokens) const override {
+  absl::StatusOr<std::vector<std::string>> Decode(std::vector<std::string> tokens) const override {
     for (size_t i = 0; i < tokens.size(); ++i) {
       std::string& token = tokens[i];
       if (token.find(replacement_) == std::string::npos) continue;
@@ -119,7 +119,7 @@ std::optional<uint8_t> ByteToken(absl::string_view token) {
 // byte token; other tokens pass through.
 class ByteFallbackDecoder final : public Decoder {
  public:
-  std::vector<std::string> Decode(std::vector<std::string> tokens) const override {
+  absl::StatusOr<std::vector<std::string>> Decode(std::vector<std::string> tokens) const override {
     std::vector<std::string> out;
     out.reserve(tokens.size());
     std::string run;
@@ -147,7 +147,7 @@ class ByteFallbackDecoder final : public Decoder {
 
 class FuseDecoder final : public Decoder {
  public:
-  std::vector<std::string> Decode(std::vector<std::string> tokens) const override {
+  absl::StatusOr<std::vector<std::string>> Decode(std::vector<std::string> tokens) const override {
     std::vector<std::string> out;
     out.push_back(absl::StrJoin(tokens, ""));
     return out;
@@ -159,7 +159,7 @@ class StripDecoder final : public Decoder {
  public:
   StripDecoder(std::string content, size_t start, size_t stop)
       : content_(std::move(content)), start_(start), stop_(stop) {}
-  std::vector<std::string> Decode(std::vector<std::string> tokens) const override {
+  absl::StatusOr<std::vector<std::string>> Decode(std::vector<std::string> tokens) const override {
     const absl::string_view c = content_;
     for (std::string& token : tokens) {
       absl::string_view rest = token;
@@ -186,8 +186,12 @@ class ReplaceDecoder final : public Decoder {
  public:
   ReplaceDecoder(SpecPattern pattern, std::string content)
       : pattern_(std::move(pattern)), content_(std::move(content)) {}
-  std::vector<std::string> Decode(std::vector<std::string> tokens) const override {
-    for (std::string& token : tokens) token = pattern_.ReplaceAll(token, content_);
+  absl::StatusOr<std::vector<std::string>> Decode(std::vector<std::string> tokens) const override {
+    for (std::string& token : tokens) {
+      absl::StatusOr<std::string> replaced = pattern_.ReplaceAll(token, content_);
+      if (!replaced.ok()) return replaced.status();
+      token = *std::move(replaced);
+    }
     return tokens;
   }
 
@@ -200,8 +204,12 @@ class SequenceDecoder final : public Decoder {
  public:
   explicit SequenceDecoder(std::vector<std::unique_ptr<Decoder>> decoders)
       : decoders_(std::move(decoders)) {}
-  std::vector<std::string> Decode(std::vector<std::string> tokens) const override {
-    for (const auto& decoder : decoders_) tokens = decoder->Decode(std::move(tokens));
+  absl::StatusOr<std::vector<std::string>> Decode(std::vector<std::string> tokens) const override {
+    for (const auto& decoder : decoders_) {
+      absl::StatusOr<std::vector<std::string>> next = decoder->Decode(std::move(tokens));
+      if (!next.ok()) return next.status();
+      tokens = *std::move(next);
+    }
     return tokens;
   }
 

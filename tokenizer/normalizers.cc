@@ -38,7 +38,7 @@ std::string MapChars(absl::string_view text, Fn fn) {
 class UnicodeNormalizer final : public Normalizer {
  public:
   explicit UnicodeNormalizer(NormalForm form) : form_(form) {}
-  std::string Normalize(absl::string_view text) const override {
+  absl::StatusOr<std::string> Normalize(absl::string_view text) const override {
     return NormalizeUnicode(text, form_);
   }
 
@@ -48,13 +48,15 @@ class UnicodeNormalizer final : public Normalizer {
 
 class LowercaseNormalizer final : public Normalizer {
  public:
-  std::string Normalize(absl::string_view text) const override { return LowercaseUnicode(text); }
+  absl::StatusOr<std::string> Normalize(absl::string_view text) const override {
+    return LowercaseUnicode(text);
+  }
 };
 
 class PrependNormalizer final : public Normalizer {
  public:
   explicit PrependNormalizer(std::string prepend) : prepend_(std::move(prepend)) {}
-  std::string Normalize(absl::string_view text) const override {
+  absl::StatusOr<std::string> Normalize(absl::string_view text) const override {
     if (text.empty()) return std::string();  // the crate prepends only to non-empty text
     return absl::StrCat(prepend_, text);
   }
@@ -67,7 +69,7 @@ class ReplaceNormalizer final : public Normalizer {
  public:
   ReplaceNormalizer(SpecPattern pattern, std::string content)
       : pattern_(std::move(pattern)), content_(std::move(content)) {}
-  std::string Normalize(absl::string_view text) const override {
+  absl::StatusOr<std::string> Normalize(absl::string_view text) const override {
     return pattern_.ReplaceAll(text, content_);
   }
 
@@ -80,7 +82,7 @@ class ReplaceNormalizer final : public Normalizer {
 class StripNormalizer final : public Normalizer {
  public:
   StripNormalizer(bool left, bool right) : left_(left), right_(right) {}
-  std::string Normalize(absl::string_view text) const override {
+  absl::StatusOr<std::string> Normalize(absl::string_view text) const override {
     const char* begin = text.data();
     const char* end = begin + text.size();
     if (left_) {
@@ -112,7 +114,7 @@ class StripNormalizer final : public Normalizer {
 // Removes combining marks (general category M).
 class StripAccentsNormalizer final : public Normalizer {
  public:
-  std::string Normalize(absl::string_view text) const override {
+  absl::StatusOr<std::string> Normalize(absl::string_view text) const override {
     return MapChars(text, [](char32_t cp, absl::string_view bytes, std::string& out) {
       if (!IsCombiningMark(cp)) out.append(bytes.data(), bytes.size());
     });
@@ -122,7 +124,7 @@ class StripAccentsNormalizer final : public Normalizer {
 // The crate's Nmt: drops some control characters and maps others to a space.
 class NmtNormalizer final : public Normalizer {
  public:
-  std::string Normalize(absl::string_view text) const override {
+  absl::StatusOr<std::string> Normalize(absl::string_view text) const override {
     return MapChars(text, [](char32_t c, absl::string_view bytes, std::string& out) {
       if ((c >= 0x01 && c <= 0x08) || c == 0x0B || (c >= 0x0E && c <= 0x1F) || c == 0x7F ||
           c == 0x8F || c == 0x9F) {
@@ -154,7 +156,7 @@ class BertNormalizer final : public Normalizer {
         strip_accents_(strip_accents),
         lowercase_(lowercase) {}
 
-  std::string Normalize(absl::string_view input) const override {
+  absl::StatusOr<std::string> Normalize(absl::string_view input) const override {
     std::string text(input);
     if (clean_text_) {
       text = MapChars(text, [](char32_t c, absl::string_view bytes, std::string& out) {
@@ -197,9 +199,13 @@ class SequenceNormalizer final : public Normalizer {
  public:
   explicit SequenceNormalizer(std::vector<std::unique_ptr<Normalizer>> normalizers)
       : normalizers_(std::move(normalizers)) {}
-  std::string Normalize(absl::string_view text) const override {
+  absl::StatusOr<std::string> Normalize(absl::string_view text) const override {
     std::string result(text);
-    for (const auto& normalizer : normalizers_) result = normalizer->Normalize(result);
+    for (const auto& normalizer : normalizers_) {
+      absl::StatusOr<std::string> next = normalizer->Normalize(result);
+      if (!next.ok()) return next.status();
+      result = *std::move(next);
+    }
     return result;
   }
 

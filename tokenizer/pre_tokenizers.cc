@@ -3,6 +3,7 @@
 
 #include <memory>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -138,39 +139,52 @@ size_t SplitSegments(absl::string_view text, std::vector<Segment>& segments, Beh
 // step that removes the beginning of pieces[0] clears it.
 class PreTokenizerImpl : public PreTokenizer {
  public:
-  void PreTokenize(std::vector<std::string>& pieces, bool first_piece_of_text) const final {
+  absl::Status PreTokenize(std::vector<std::string>& pieces, bool first_piece_of_text) const final {
     bool at_start = first_piece_of_text;
-    Apply(pieces, at_start);
+    return Apply(pieces, at_start);
   }
-  virtual void Apply(std::vector<std::string>& pieces, bool& at_start) const = 0;
+  virtual absl::Status Apply(std::vector<std::string>& pieces, bool& at_start) const = 0;
 };
 
 // Replaces every piece by the pieces fn(piece, out) appends; fn returns the offset of its first
-// output piece within the input (kNone if it appended none).
+// output piece within the input (kNone if it appended none), as a size_t or, where it can fail,
+// an absl::StatusOr<size_t> (whose error is returned, pieces then unspecified).
 template <typename Fn>
-void SplitEach(std::vector<std::string>& pieces, bool& at_start, Fn fn) {
+absl::Status SplitEach(std::vector<std::string>& pieces, bool& at_start, Fn fn) {
   std::vector<std::string> out;
   out.reserve(pieces.size() + 8);
   for (size_t i = 0; i < pieces.size(); ++i) {
     if (pieces[i].empty()) continue;
-    const size_t first = fn(pieces[i], out);
+    size_t first;
+    if constexpr (std::is_same_v<decltype(fn(pieces[i], out)), absl::StatusOr<size_t>>) {
+      absl::StatusOr<size_t> result = fn(pieces[i], out);
+      if (!result.ok()) return result.status();
+      first = *result;
+    } else {
+      first = fn(pieces[i], out);
+    }
     if (i == 0 && first != 0) at_start = false;
   }
   pieces.swap(out);
+  return absl::OkStatus();
 }
 
 class SplitPreTokenizer final : public PreTokenizerImpl {
  public:
   SplitPreTokenizer(SpecPattern pattern, Behavior behavior, bool invert)
       : pattern_(std::move(pattern)), behavior_(behavior), invert_(invert) {}
-  void Apply(std::vector<std::string>& pieces, bool& at_start) const override {
+  absl::Status Apply(std::vector<std::string>& pieces, bool& at_start) const override {
     std::vector<std::pair<size_t, size_t>> matches;
     std::vector<Segment> segments;
-    SplitEach(pieces, at_start, [&](const std::string& piece, std::vector<std::string>& out) {
-      pattern_.FindAll(piece, matches);
-      CoverMatches(piece.size(), matches, segments);
-      return SplitSegments(piece, segments, behavior_, invert_, out);
-    });
+    return SplitEach(
+        pieces, at_start,
+        [&](const std::string& piece, std::vector<std::string>& out) -> absl::StatusOr<size_t> {
+          if (absl::Status status = pattern_.FindAll(piece, matches); !status.ok()) {
+            return status;
+          }
+          CoverMatches(piece.size(), matches, segments);
+          return SplitSegments(piece, segments, behavior_, invert_, out);
+        });
   }
 
  private:
@@ -184,12 +198,13 @@ template <typename Pred>
 class CharSplitPreTokenizer final : public PreTokenizerImpl {
  public:
   CharSplitPreTokenizer(Pred pred, Behavior behavior) : pred_(pred), behavior_(behavior) {}
-  void Apply(std::vector<std::string>& pieces, bool& at_start) const override {
+  absl::Status Apply(std::vector<std::string>& pieces, bool& at_start) const override {
     std::vector<Segment> segments;
-    SplitEach(pieces, at_start, [&](const std::string& piece, std::vector<std::string>& out) {
-      CoverChars(piece, pred_, segments);
-      return SplitSegments(piece, segments, behavior_, false, out);
-    });
+    return SplitEach(pieces, at_start,
+                     [&](const std::string& piece, std::vector<std::string>& out) {
+                       CoverChars(piece, pred_, segments);
+                       return SplitSegments(piece, segments, behavior_, false, out);
+                     });
   }
 
  private:
@@ -205,8 +220,8 @@ std::unique_ptr<PreTokenizerImpl> MakeCharSplit(Pred pred, Behavior behavior) {
 // Whitespace: the matches of \w+|[^\w\s]+ (Rust regex classes), whitespace removed.
 class WhitespacePreTokenizer final : public PreTokenizerImpl {
  public:
-  void Apply(std::vector<std::string>& pieces, bool& at_start) const override {
-    SplitEach(pieces, at_start, [](const std::string& piece, std::vector<std::string>& out) {
+  absl::Status Apply(std::vector<std::string>& pieces, bool& at_start) const override {
+    return SplitEach(pieces, at_start, [](const std::string& piece, std::vector<std::string>& out) {
       size_t first = kNone;
       size_t run_begin = 0;
       int run_kind = 0;  // 0 none, 1 word characters, 2 other non-space characters
@@ -239,16 +254,19 @@ class WhitespacePreTokenizer final : public PreTokenizerImpl {
 // BertPreTokenizer: whitespace removed, then every punctuation character isolated.
 class BertPreTokenizer final : public PreTokenizerImpl {
  public:
-  void Apply(std::vector<std::string>& pieces, bool& at_start) const override {
+  absl::Status Apply(std::vector<std::string>& pieces, bool& at_start) const override {
     std::vector<Segment> segments;
-    SplitEach(pieces, at_start, [&](const std::string& piece, std::vector<std::string>& out) {
-      CoverChars(piece, IsWhitespace, segments);
-      return SplitSegments(piece, segments, Behavior::kRemoved, false, out);
-    });
-    SplitEach(pieces, at_start, [&](const std::string& piece, std::vector<std::string>& out) {
-      CoverChars(piece, IsPunctuation, segments);
-      return SplitSegments(piece, segments, Behavior::kIsolated, false, out);
-    });
+    absl::Status status =
+        SplitEach(pieces, at_start, [&](const std::string& piece, std::vector<std::string>& out) {
+          CoverChars(piece, IsWhitespace, segments);
+          return SplitSegments(piece, segments, Behavior::kRemoved, false, out);
+        });
+    if (!status.ok()) return status;
+    return SplitEach(pieces, at_start,
+                     [&](const std::string& piece, std::vector<std::string>& out) {
+                       CoverChars(piece, IsPunctuation, segments);
+                       return SplitSegments(piece, segments, Behavior::kIsolated, false, out);
+                     });
   }
 };
 
@@ -256,7 +274,7 @@ class ByteLevelPreTokenizer final : public PreTokenizerImpl {
  public:
   ByteLevelPreTokenizer(bool add_prefix_space, std::shared_ptr<const Regex> regex)
       : add_prefix_space_(add_prefix_space), regex_(std::move(regex)) {}
-  void Apply(std::vector<std::string>& pieces, bool& at_start) const override {
+  absl::Status Apply(std::vector<std::string>& pieces, bool& at_start) const override {
     std::vector<std::string> out;
     out.reserve(pieces.size() * 4);
     std::vector<Segment> segments;
@@ -268,14 +286,16 @@ class ByteLevelPreTokenizer final : public PreTokenizerImpl {
         out.push_back(ByteLevelEncode(piece));
         continue;
       }
-      const std::vector<std::pair<size_t, size_t>> matches = regex_->FindAll(piece);
-      CoverMatches(piece.size(), matches, segments);  // Isolated: every segment is a piece
+      const absl::StatusOr<std::vector<std::pair<size_t, size_t>>> matches = regex_->FindAll(piece);
+      if (!matches.ok()) return matches.status();
+      CoverMatches(piece.size(), *matches, segments);  // Isolated: every segment is a piece
       for (const Segment& s : segments) {
         out.push_back(ByteLevelEncode(absl::string_view(piece).substr(s.begin, s.end - s.begin)));
       }
     }
     pieces.swap(out);
     (void)at_start;  // prepending keeps the start; Isolated never removes
+    return absl::OkStatus();
   }
 
  private:
@@ -292,7 +312,7 @@ class MetaspacePreTokenizer final : public PreTokenizerImpl {
         replacement_cp_(FirstCodePoint(replacement_)),
         scheme_(scheme),
         split_(split) {}
-  void Apply(std::vector<std::string>& pieces, bool& at_start) const override {
+  absl::Status Apply(std::vector<std::string>& pieces, bool& at_start) const override {
     std::vector<std::string> out;
     out.reserve(pieces.size() * 4);
     std::vector<Segment> segments;
@@ -314,6 +334,7 @@ class MetaspacePreTokenizer final : public PreTokenizerImpl {
       SplitSegments(text, segments, Behavior::kMergedWithNext, false, out);
     }
     pieces.swap(out);
+    return absl::OkStatus();
   }
 
  private:
@@ -327,8 +348,11 @@ class SequencePreTokenizer final : public PreTokenizerImpl {
  public:
   explicit SequencePreTokenizer(std::vector<std::unique_ptr<PreTokenizerImpl>> steps)
       : steps_(std::move(steps)) {}
-  void Apply(std::vector<std::string>& pieces, bool& at_start) const override {
-    for (const auto& step : steps_) step->Apply(pieces, at_start);
+  absl::Status Apply(std::vector<std::string>& pieces, bool& at_start) const override {
+    for (const auto& step : steps_) {
+      if (absl::Status status = step->Apply(pieces, at_start); !status.ok()) return status;
+    }
+    return absl::OkStatus();
   }
 
  private:

@@ -3,6 +3,7 @@
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include <pcre2.h>
 
+#include <cstdint>
 #include <memory>
 #include <optional>
 #include <string>
@@ -13,7 +14,6 @@
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "base/logging.h"
 #include "tokenizer/components.h"
 #include "tokenizer/unicode_util.h"
 
@@ -152,6 +152,7 @@ struct ThreadState {
       pcre2_jit_stack_create(64 * 1024, 8 * 1024 * 1024, nullptr)};
   std::unique_ptr<pcre2_match_context, MatchContextDeleter> context{
       pcre2_match_context_create(nullptr)};
+  bool jit_allowed = true;  // SetRegexJitForTesting
 
   ThreadState() {
     if (context && jit_stack) pcre2_jit_stack_assign(context.get(), nullptr, jit_stack.get());
@@ -163,10 +164,32 @@ ThreadState& GetThreadState() {
   return state;
 }
 
+// The status for PCRE2 match error rc (< 0, not NOMATCH) of pattern.
+absl::Status MatchError(absl::string_view pattern, int rc) {
+  PCRE2_UCHAR message[256];
+  std::string reason;
+  if (pcre2_get_error_message(rc, message, sizeof(message)) < 0) {
+    reason = absl::StrCat("PCRE2 error ", rc);
+  } else {
+    reason = reinterpret_cast<const char*>(message);
+  }
+  std::string text = absl::StrCat("regex '", pattern, "' failed to match: ", reason);
+  switch (rc) {
+    case PCRE2_ERROR_MATCHLIMIT:
+    case PCRE2_ERROR_HEAPLIMIT:
+    case PCRE2_ERROR_DEPTHLIMIT:
+    case PCRE2_ERROR_NOMEMORY:
+    case PCRE2_ERROR_JIT_STACKLIMIT:
+      return absl::ResourceExhaustedError(std::move(text));
+    default:
+      return absl::InternalError(std::move(text));
+  }
+}
+
 // Appends the matches in text (valid UTF-8), offset by base, to out.
-void MatchValid(const pcre2_code* code, bool use_jit, absl::string_view pattern,
-                absl::string_view text, size_t base, ThreadState& state,
-                std::vector<std::pair<size_t, size_t>>& out) {
+absl::Status MatchValid(const pcre2_code* code, bool use_jit, absl::string_view pattern,
+                        absl::string_view text, size_t base, ThreadState& state,
+                        std::vector<std::pair<size_t, size_t>>& out) {
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   const size_t n = text.size();
   const PCRE2_SIZE* ovector = pcre2_get_ovector_pointer(state.match_data.get());
@@ -185,13 +208,7 @@ void MatchValid(const pcre2_code* code, bool use_jit, absl::string_view pattern,
                        state.match_data.get(), state.context.get());
     }
     if (rc == PCRE2_ERROR_NOMATCH) break;
-    if (rc < 0) {
-      PCRE2_UCHAR message[256];
-      pcre2_get_error_message(rc, message, sizeof(message));
-      LOG(ERROR) << "regex '" << pattern
-                 << "' failed to match: " << reinterpret_cast<const char*>(message);
-      break;
-    }
+    if (rc < 0) return MatchError(pattern, rc);
     const size_t start = ovector[0];
     const size_t end = ovector[1];
     if (end > start && end > pos) {
@@ -205,6 +222,7 @@ void MatchValid(const pcre2_code* code, bool use_jit, absl::string_view pattern,
       pos = at + Utf8CharLength(text.data() + at, text.data() + n);
     }
   }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -243,13 +261,15 @@ absl::StatusOr<std::shared_ptr<const Regex>> Regex::Compile(absl::string_view pa
   return std::shared_ptr<const Regex>(std::move(regex));
 }
 
-std::vector<std::pair<size_t, size_t>> Regex::FindAll(absl::string_view text) const {
+absl::StatusOr<std::vector<std::pair<size_t, size_t>>> Regex::FindAll(
+    absl::string_view text) const {
   std::vector<std::pair<size_t, size_t>> matches;
   ThreadState& state = GetThreadState();
   if (!state.match_data || !state.context) {
-    LOG(ERROR) << "regex: out of memory for match data";
-    return matches;
+    return absl::ResourceExhaustedError(
+        absl::StrCat("regex '", compiled_->pattern, "': out of memory for match data"));
   }
+  const bool use_jit = compiled_->jit && state.jit_allowed;
   // PCRE2 would re-check the whole subject's UTF-8 on every call; it is checked once here and
   // PCRE2 told not to. Text that is not valid UTF-8 (components normally never see any) is
   // matched stretch by stretch, the invalid bytes skipped.
@@ -258,12 +278,24 @@ std::vector<std::pair<size_t, size_t>> Regex::FindAll(absl::string_view text) co
     const absl::string_view rest = text.substr(start);
     const std::optional<size_t> bad = FindInvalidUtf8(rest);
     const size_t valid = bad.has_value() ? *bad : rest.size();
-    MatchValid(compiled_->code.get(), compiled_->jit, compiled_->pattern, rest.substr(0, valid),
-               start, state, matches);
+    if (absl::Status status = MatchValid(compiled_->code.get(), use_jit, compiled_->pattern,
+                                         rest.substr(0, valid), start, state, matches);
+        !status.ok()) {
+      return status;
+    }
     if (!bad.has_value()) break;
     start += valid + 1;
   }
   return matches;
 }
+
+void SetRegexMatchLimitForTesting(uint32_t limit) {
+  ThreadState& state = GetThreadState();
+  if (!state.context) return;
+  if (limit == 0) pcre2_config(PCRE2_CONFIG_MATCHLIMIT, &limit);
+  pcre2_set_match_limit(state.context.get(), limit);
+}
+
+void SetRegexJitForTesting(bool enabled) { GetThreadState().jit_allowed = enabled; }
 
 }  // namespace kiln::tokenizer_internal

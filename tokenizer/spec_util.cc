@@ -108,14 +108,17 @@ absl::StatusOr<SpecPattern> SpecPattern::Parse(const json& spec, absl::string_vi
   return WrongType(context, key, "{\"String\": ...} or {\"Regex\": ...}");
 }
 
-void SpecPattern::FindAll(absl::string_view text,
-                          std::vector<std::pair<size_t, size_t>>& out) const {
+absl::Status SpecPattern::FindAll(absl::string_view text,
+                                  std::vector<std::pair<size_t, size_t>>& out) const {
   out.clear();
   if (regex_ != nullptr) {
-    out = regex_->FindAll(text);
-    return;
+    absl::StatusOr<std::vector<std::pair<size_t, size_t>>> matches = regex_->FindAll(text);
+    if (!matches.ok()) return matches.status();
+    out = *std::move(matches);
+    return absl::OkStatus();
   }
-  if (literal_.empty()) return;  // the crate's empty literal never yields a non-empty match
+  // The crate's empty literal never yields a non-empty match.
+  if (literal_.empty()) return absl::OkStatus();
   size_t pos = 0;
   while (true) {
     const size_t at = text.find(literal_, pos);
@@ -123,11 +126,13 @@ void SpecPattern::FindAll(absl::string_view text,
     out.emplace_back(at, at + literal_.size());
     pos = at + literal_.size();
   }
+  return absl::OkStatus();
 }
 
-std::string SpecPattern::ReplaceAll(absl::string_view text, absl::string_view content) const {
+absl::StatusOr<std::string> SpecPattern::ReplaceAll(absl::string_view text,
+                                                    absl::string_view content) const {
   std::vector<std::pair<size_t, size_t>> matches;
-  FindAll(text, matches);
+  if (absl::Status status = FindAll(text, matches); !status.ok()) return status;
   if (matches.empty()) return std::string(text);
   std::string out;
   out.reserve(text.size() + matches.size() * content.size());

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
@@ -40,10 +41,11 @@ class SpecPattern {
  public:
   static absl::StatusOr<SpecPattern> Parse(const nlohmann::json& spec, absl::string_view key,
                                            absl::string_view context);
-  // Byte ranges of the successive non-overlapping, non-empty matches.
-  void FindAll(absl::string_view text, std::vector<std::pair<size_t, size_t>>& out) const;
+  // Byte ranges of the successive non-overlapping, non-empty matches (a regex's match error is
+  // returned, out then unspecified).
+  absl::Status FindAll(absl::string_view text, std::vector<std::pair<size_t, size_t>>& out) const;
   // text with every match replaced by content.
-  std::string ReplaceAll(absl::string_view text, absl::string_view content) const;
+  absl::StatusOr<std::string> ReplaceAll(absl::string_view text, absl::string_view content) const;
 
  private:
   std::string literal_;

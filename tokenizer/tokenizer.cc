@@ -148,7 +148,7 @@ absl::Status TokenizerImpl::EncodeSegment(absl::string_view segment, bool at_sta
   std::string normalized_storage;
   absl::string_view normalized = segment;
   if (parts_.normalizer != nullptr) {
-    normalized_storage = parts_.normalizer->Normalize(segment);
+    KILN_ASSIGN_OR_RETURN(normalized_storage, parts_.normalizer->Normalize(segment));
     normalized = normalized_storage;
   }
   if (normalized.empty()) return absl::OkStatus();
@@ -170,7 +170,7 @@ absl::Status TokenizerImpl::PreTokenizeAndModel(absl::string_view text, bool fir
   if (parts_.pre_tokenizer == nullptr) return parts_.model->Tokenize(text, ids);
   std::vector<std::string> pieces;
   pieces.emplace_back(text.data(), text.size());
-  parts_.pre_tokenizer->PreTokenize(pieces, first_piece);
+  KILN_RETURN_IF_ERROR(parts_.pre_tokenizer->PreTokenize(pieces, first_piece));
   for (const std::string& piece : pieces) {
     KILN_RETURN_IF_ERROR(parts_.model->Tokenize(piece, ids));
   }
@@ -194,7 +194,8 @@ absl::StatusOr<std::string> TokenizerImpl::DecodeBytes(std::span<const int32_t> 
     }
   }
   if (parts_.decoder == nullptr) return absl::StrJoin(tokens, " ");
-  return absl::StrJoin(parts_.decoder->Decode(std::move(tokens)), "");
+  KILN_ASSIGN_OR_RETURN(std::vector<std::string> pieces, parts_.decoder->Decode(std::move(tokens)));
+  return absl::StrJoin(pieces, "");
 }
 
 namespace {

@@ -231,9 +231,14 @@ absl::StatusOr<std::unique_ptr<T>> ParseComponent(const json& spec, absl::string
 
 absl::Status BuildAddedVocabulary(const std::vector<AddedToken>& tokens, TokenizerParts& parts) {
   const BpeModel& model = *parts.model;
-  parts.added = AddedVocabulary::Create(
+  absl::StatusOr<std::unique_ptr<AddedVocabulary>> added = AddedVocabulary::Create(
       tokens, [&model](absl::string_view token) { return model.TokenToId(token); },
       model.vocab_size(), parts.normalizer.get());
+  if (!added.ok()) {  // a normalizer's regex failed on a token: keep its code
+    return absl::Status(added.status().code(),
+                        absl::StrCat("tokenizer.json added_tokens: ", added.status().message()));
+  }
+  parts.added = *std::move(added);
   return absl::OkStatus();
 }
 

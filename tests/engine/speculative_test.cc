@@ -435,8 +435,7 @@ TEST_F(SpeculativeTest, InvalidDraftsFailTheRequest) {
   class Bad : public DraftSource {
    public:
     absl::string_view name() const override { return "bad"; }
-    absl::StatusOr<std::unique_ptr<DraftSession>> StartSession(std::span<const int32_t>,
-                                                               int64_t) override {
+    absl::StatusOr<std::unique_ptr<DraftSession>> StartSession(const DraftSessionStart&) override {
       class Session : public DraftSession {
         absl::StatusOr<Draft> Propose(int32_t, std::span<const int32_t>,
                                       const HiddenStates&) override {

@@ -408,7 +408,8 @@ TEST_P(MtpLayoutTest, DraftSourceProposesTheHeadsGreedyChain) {
 
   absl::StatusOr<std::shared_ptr<MtpDraftSource>> source = MtpDraftSource::Create(model);
   ASSERT_TRUE(source.ok());
-  absl::StatusOr<std::unique_ptr<DraftSession>> session = (*source)->StartSession(context, 32);
+  absl::StatusOr<std::unique_ptr<DraftSession>> session =
+      (*source)->StartSession({.context = context, .max_length = 32});
   ASSERT_TRUE(session.ok()) << session.status();
   absl::StatusOr<Draft> draft =
       (*session)->Propose(3, context, HiddenStates{0, hidden_size, hidden});

@@ -78,6 +78,39 @@ TEST(ConcurrencyTest, SixtyFourStreamsOnTwoModelsMatchSerialRuns) {
   EXPECT_EQ(StatsOf(server->registry(), "other").kv_cache_bytes, 0u);
 }
 
+// The default configuration queues what it cannot run: 256 streams at once all complete (a
+// 16-sequence batch, the rest waiting), none is refused.
+TEST(ConcurrencyTest, TwoHundredFiftySixStreamsOnTheDefaultConfigurationAllComplete) {
+  ServerOptions options;
+  options.listen = "127.0.0.1:0";
+  options.model_roots = {Models().root.string()};
+  options.models = {{"plain", "plain", "", ""}};
+  options.shutdown_grace = absl::Milliseconds(500);
+  ASSERT_EQ(options.engine.max_running, 16);
+  ASSERT_GE(options.engine.max_queued, 1024);
+  auto server = TestServer::Start(options);
+  ASSERT_NE(server, nullptr);
+  constexpr int kStreams = 256;
+  std::vector<StreamResult> results(kStreams);
+  absl::Barrier* barrier = new absl::Barrier(kStreams);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kStreams; ++r) {
+    threads.emplace_back([&, r] {
+      if (barrier->Block()) delete barrier;
+      results[r] = GenerateAll(server->inference(), GreedyRequest("plain", {1 + r % 300, 2, 3}, 4),
+                               absl::Seconds(120));
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  int ok = 0;
+  for (int r = 0; r < kStreams; ++r) {
+    EXPECT_TRUE(results[r].status.ok()) << r << ": " << results[r].status.error_message();
+    ok += results[r].status.ok() && results[r].tokens.size() == 4;
+  }
+  EXPECT_EQ(ok, kStreams);
+  EXPECT_TRUE(WaitFor([&] { return StatsOf(server->registry(), "plain").kv_cache_bytes == 0; }));
+}
+
 TEST(ConcurrencyTest, ClientCancelFreesTheSequence) {
   auto server = TestServer::Start(TwoModels());
   ASSERT_NE(server, nullptr);

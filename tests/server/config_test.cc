@@ -22,7 +22,9 @@ TEST(ConfigTest, ExampleConfigsParse) {
   EXPECT_EQ(options.model_roots, std::vector<std::string>{"/srv/kiln/configs/../models-cache"});
   ASSERT_EQ(options.models.size(), 1u);
   EXPECT_EQ(options.models[0].path, "kiln-tiny");  // relative to the model roots, not rebased
-  EXPECT_EQ(options.engine.max_queued, 64);
+  EXPECT_EQ(options.engine.max_queued, 1024);
+  EXPECT_EQ(options.kv_pool.block_size, 16);
+  EXPECT_EQ(options.kv_pool.bytes, 0u);  // derived per model
   EXPECT_EQ(options.engine.max_running, 16);
   EXPECT_EQ(options.engine.max_context, 4096);
   EXPECT_EQ(options.default_max_tokens, 256);
@@ -63,6 +65,28 @@ TEST(ConfigTest, UnsetFieldsKeepTheDefaults) {
   EXPECT_EQ(options.listen, ServerOptions().listen);
   EXPECT_EQ(options.engine.max_queued, EngineOptions().max_queued);
   EXPECT_EQ(options.model_roots, std::vector<std::string>{"/m"});  // absolute: kept
+}
+
+TEST(ConfigTest, KvPoolSettings) {
+  absl::StatusOr<v1::ServerConfig> config = ParseServerConfig(R"pb(
+    kv_cache_bytes: 1073741824
+    kv_block_size: 32
+    models { name: "a" path: "a" kv_cache_bytes: 65536 disable_prefix_caching: true }
+    models { name: "b" path: "b" }
+  )pb");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ServerOptions options;
+  ASSERT_TRUE(ApplyServerConfig(*config, "/etc/kiln", &options).ok());
+  EXPECT_EQ(options.kv_pool.bytes, 1073741824u);
+  EXPECT_EQ(options.kv_pool.block_size, 32);
+  ASSERT_EQ(options.models.size(), 2u);
+  EXPECT_EQ(options.models[0].kv_cache_bytes, 65536u);
+  EXPECT_FALSE(options.models[0].prefix_caching);
+  EXPECT_EQ(options.models[1].kv_cache_bytes, 0u);
+  EXPECT_TRUE(options.models[1].prefix_caching);
+  v1::ServerConfig bad;
+  bad.set_kv_block_size(-4);
+  EXPECT_EQ(ApplyServerConfig(bad, "", &options).code(), absl::StatusCode::kInvalidArgument);
 }
 
 TEST(ConfigTest, TensorizerOptionsOfAModel) {

@@ -306,6 +306,14 @@ TEST_F(MetricsEndpointTest, GenerateMovesCountersAndHistograms) {
   EXPECT_EQ(Sample(after, "kiln_requests_waiting{model=\"plain\"}"), 0);
   EXPECT_EQ(Sample(after, "kiln_kv_cache_usage_bytes{model=\"plain\"}"), 0);
   EXPECT_GT(Sample(after, "kiln_engine_steps_total{model=\"plain\"}"), 0);
+  EXPECT_GT(Sample(after, "kiln_kv_pool_bytes{model=\"plain\"}"), 0);
+  EXPECT_EQ(Sample(after, "kiln_kv_cache_usage_ratio{model=\"plain\"}"), 0);
+  EXPECT_EQ(Sample(after, "kiln_preemptions_total{model=\"plain\"}"), 0);
+  // The same 4-token prompt three times: shorter than a block, so nothing is cached.
+  EXPECT_GE(Sample(after, "kiln_prefix_cache_queries_tokens_total{model=\"plain\"}"),
+            kRequests * 4);
+  EXPECT_EQ(Sample(after, "kiln_prefix_cache_hits_tokens_total{model=\"plain\"}"), 0);
+  EXPECT_EQ(Sample(after, "kiln_prefix_cache_hit_rate{model=\"plain\"}"), 0);
   for (const char* stage : {"open", "bind", "post_load"}) {
     EXPECT_GE(
         Sample(after, absl::StrCat("kiln_model_load_duration_seconds{model=\"plain\",stage=\"",

@@ -90,6 +90,61 @@ TEST(ModelsServiceTest, LoadGetListUnload) {
   EXPECT_CODE(Unload(server->models(), "m1"), NOT_FOUND, "m1");
 }
 
+// Each model's KV pool: the server's block size, a budget per model, prefix caching per model
+// (on by default), reported by GetModel and in each response's usage.
+TEST(ModelsServiceTest, KvPoolBudgetAndPrefixCachingPerModel) {
+  ServerOptions options = TestServerOptions();
+  options.kv_pool.block_size = 8;
+  auto server = TestServer::Start(options);
+  ASSERT_NE(server, nullptr);
+  auto load = [&](const std::string& name, uint64_t bytes, bool disable, v1::ModelInfo* info) {
+    v1::LoadModelRequest request;
+    request.set_name(name);
+    request.set_path(Models().plain.string());
+    request.set_kv_cache_bytes(bytes);
+    request.set_disable_prefix_caching(disable);
+    return server->models().LoadModel(Context().get(), request, info);
+  };
+  v1::ModelInfo cached, uncached;
+  ASSERT_TRUE(load("cached", 0, false, &cached).ok());
+  constexpr uint64_t kBudget = 4u << 20;
+  ASSERT_TRUE(load("uncached", kBudget, true, &uncached).ok());
+  EXPECT_EQ(cached.kv_pool().block_size(), 8);
+  EXPECT_TRUE(cached.kv_pool().prefix_caching());
+  EXPECT_GT(cached.kv_pool().bytes(), 0u);
+  EXPECT_FALSE(uncached.kv_pool().prefix_caching());
+  EXPECT_LE(uncached.kv_pool().bytes(), kBudget);
+  EXPECT_GT(uncached.kv_pool().bytes(), kBudget / 2);
+  EXPECT_GT(uncached.kv_pool().blocks(), 0);
+
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 21; ++i) prompt.push_back(10 + i);
+  std::vector<int32_t> outputs[2];
+  for (const char* name : {"cached", "uncached"}) {
+    const bool caching = std::string(name) == "cached";
+    for (int round = 0; round < 2; ++round) {
+      StreamResult result = GenerateAll(server->inference(), GreedyRequest(name, prompt, 5));
+      ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+      EXPECT_EQ(result.last()->usage().prompt_tokens(), 21);
+      // The second time, the two whole blocks of 8 come from the cache.
+      EXPECT_EQ(result.last()->usage().cached_prompt_tokens(), caching && round == 1 ? 16 : 0)
+          << name << " round " << round;
+      outputs[caching] = result.tokens;
+    }
+  }
+  EXPECT_EQ(outputs[0], outputs[1]);
+  v1::ModelInfo got;
+  ASSERT_TRUE(Get(server->models(), "cached", &got).ok());
+  EXPECT_EQ(got.kv_pool().prompt_tokens(), 42u);
+  EXPECT_EQ(got.kv_pool().cached_prompt_tokens(), 16u);
+  EXPECT_EQ(got.kv_pool().used_blocks(), 0);
+  EXPECT_GE(got.kv_pool().cached_blocks(), 2);
+
+  // A budget below one block is refused, naming it.
+  v1::ModelInfo none;
+  EXPECT_CODE(load("tiny", 16, false, &none), INVALID_ARGUMENT, "KV pool");
+}
+
 TEST(ModelsServiceTest, DtypeAndAbsolutePathInsideTheRoot) {
   auto server = TestServer::Start(TestServerOptions());
   ASSERT_NE(server, nullptr);

@@ -25,6 +25,9 @@ void WriteMtpModels() {
     options.write_tokenizer = false;
     config->num_mtp_layers = 1;
     EXPECT_TRUE(WriteSynthCheckpoint(Models().root / "mtp", *config, options).ok());
+    config->max_position_embeddings = 64;
+    EXPECT_TRUE(WriteSynthCheckpoint(Models().root / "mtp-short", *config, options).ok());
+    config->max_position_embeddings = 2048;
     config->num_mtp_layers = 0;
     EXPECT_TRUE(WriteSynthCheckpoint(Models().root / "mtp-missing", *config, options).ok());
     config->num_mtp_layers = 1;
@@ -92,6 +95,39 @@ TEST(SpeculativeServiceTest, MtpModelDraftsAndMatchesPlainGreedy) {
   too_many.mutable_speculative()->set_num_draft_tokens(17);
   EXPECT_EQ(GenerateAll(server->inference(), too_many).status.error_code(),
             grpc::StatusCode::INVALID_ARGUMENT);
+}
+
+// A speculative request that ends within 16 positions of the model's context limit used to fail
+// starting its MTP session, and the failure deadlocked the model's engine.
+TEST(SpeculativeServiceTest, SpeculationUpToTheContextLimitWorksAndTheModelKeepsServing) {
+  WriteMtpModels();
+  auto server = TestServer::Start(TestServerOptions());
+  ASSERT_NE(server, nullptr);
+  v1::ModelInfo info;
+  ASSERT_TRUE(Load(*server, "short", "mtp-short", &info).ok());
+  EXPECT_EQ(info.max_context(), 64);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back((i * 29 + 1) % 500);
+  v1::GenerateRequest plain_request = GreedyRequest("short", prompt, 23);
+  plain_request.mutable_speculative()->set_num_draft_tokens(0);
+  StreamResult plain = GenerateAll(server->inference(), plain_request);
+  ASSERT_TRUE(plain.status.ok()) << plain.status.error_message();
+  ASSERT_EQ(plain.tokens.size(), 23u);
+  for (int drafts : {1, 3}) {
+    v1::GenerateRequest request = GreedyRequest("short", prompt, 23);
+    request.mutable_speculative()->set_num_draft_tokens(drafts);
+    StreamResult result = GenerateAll(server->inference(), request);
+    ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+    EXPECT_EQ(result.tokens, plain.tokens) << drafts << " drafts";
+    EXPECT_GT(result.last()->speculative_stats().drafted(), 0);
+  }
+  // Past the context: a clear error, and the model goes on serving.
+  v1::GenerateRequest too_long = GreedyRequest("short", std::vector<int32_t>(64, 7), 4);
+  too_long.mutable_speculative()->set_num_draft_tokens(2);
+  StreamResult refused = GenerateAll(server->inference(), too_long);
+  EXPECT_CODE(refused.status, INVALID_ARGUMENT, "context");
+  EXPECT_TRUE(GenerateAll(server->inference(), GreedyRequest("short", {1, 2}, 4)).status.ok());
+  EXPECT_TRUE(WaitFor([&] { return StatsOf(server->registry(), "short").kv_cache_bytes == 0; }));
 }
 
 TEST(SpeculativeServiceTest, AdvertisedButMissingHeadsWarnAndRefuseDrafts) {

@@ -5,8 +5,10 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 #include "tokenizer/components.h"
@@ -21,14 +23,18 @@ std::string Normalize(absl::string_view spec, absl::string_view text) {
   auto parsed = ParseNormalizer(nlohmann::json::parse(spec));
   EXPECT_TRUE(parsed.ok()) << parsed.status();
   if (!parsed.ok() || *parsed == nullptr) return "<parse failed>";
-  return (*parsed)->Normalize(text);
+  absl::StatusOr<std::string> normalized = (*parsed)->Normalize(text);
+  EXPECT_TRUE(normalized.ok()) << normalized.status();
+  return normalized.ok() ? *std::move(normalized) : "<normalize failed>";
 }
 
 Tokens Decode(absl::string_view spec, Tokens tokens) {
   auto parsed = ParseDecoder(nlohmann::json::parse(spec));
   EXPECT_TRUE(parsed.ok()) << parsed.status();
   if (!parsed.ok() || *parsed == nullptr) return {"<parse failed>"};
-  return (*parsed)->Decode(std::move(tokens));
+  absl::StatusOr<Tokens> decoded = (*parsed)->Decode(std::move(tokens));
+  EXPECT_TRUE(decoded.ok()) << decoded.status();
+  return decoded.ok() ? *std::move(decoded) : Tokens{"<decode failed>"};
 }
 
 TEST(NormalizerTest, UnicodeForms) {

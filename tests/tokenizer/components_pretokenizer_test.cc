@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
 #include "nlohmann/json.hpp"
 #include "tokenizer/components.h"
@@ -23,7 +24,9 @@ std::unique_ptr<PreTokenizer> Make(absl::string_view spec) {
 }
 
 Pieces PreTok(const PreTokenizer& pre, Pieces pieces, bool first = true) {
-  pre.PreTokenize(pieces, first);
+  const absl::Status status = pre.PreTokenize(pieces, first);
+  EXPECT_TRUE(status.ok()) << status;
+  if (!status.ok()) return {"<pre-tokenize failed>"};
   return pieces;
 }
 Pieces PreTok(absl::string_view spec, absl::string_view text, bool first = true) {
