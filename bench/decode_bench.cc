@@ -17,6 +17,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "base/logging.h"
+#include "bench/bench_model.h"
 #include "bench/bench_util.h"
 #include "clients/synth.h"
 #include "kernels/backend_registry.h"
@@ -108,19 +109,12 @@ double MeasureFileRead(const std::filesystem::path& dir, uint64_t* bytes) {
 int Main() {
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
   const std::string preset = absl::GetFlag(FLAGS_preset);
-  absl::StatusOr<ModelConfig> config = SynthPresetConfig(preset);
-  if (!config.ok())
-    return std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str()), 1;
-  SynthOptions synth;
-  synth.dtype = absl::GetFlag(FLAGS_dtype) == "f32" ? DType::kF32 : DType::kBF16;
-  const std::filesystem::path dir = std::filesystem::path(absl::GetFlag(FLAGS_model_dir)) /
-                                    (preset + "-" + absl::GetFlag(FLAGS_dtype));
-  if (!std::filesystem::exists(dir / "config.json")) {
-    std::printf("writing %s ...\n", dir.c_str());
-    if (absl::Status s = WriteSynthCheckpoint(dir, *config, synth); !s.ok()) {
-      return std::fprintf(stderr, "%s\n", std::string(s.message()).c_str()), 1;
-    }
+  absl::StatusOr<std::filesystem::path> checkpoint =
+      bench::SynthCheckpoint(preset, absl::GetFlag(FLAGS_dtype), absl::GetFlag(FLAGS_model_dir));
+  if (!checkpoint.ok()) {
+    return std::fprintf(stderr, "%s\n", std::string(checkpoint.status().message()).c_str()), 1;
   }
+  const std::filesystem::path dir = *checkpoint;
 
   const double bandwidth = MeasureReadBandwidth(repeats);
   std::printf("memory read bandwidth     %8.2f GB/s (median of %d)\n", bandwidth / 1e9, repeats);
@@ -163,7 +157,8 @@ int Main() {
   const int32_t decode_tokens = absl::GetFlag(FLAGS_decode_tokens);
   std::vector<int32_t> prompt(static_cast<size_t>(prompt_tokens));
   for (int32_t i = 0; i < prompt_tokens; ++i)
-    prompt[static_cast<size_t>(i)] = (i * 7919 + 13) % static_cast<int32_t>(config->vocab_size);
+    prompt[static_cast<size_t>(i)] =
+        (i * 7919 + 13) % static_cast<int32_t>(model->config().vocab_size);
 
   std::vector<double> prefill_rates, decode_rates;
   std::vector<float> logits;

@@ -20,6 +20,7 @@
 #include "absl/synchronization/notification.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "bench/bench_model.h"
 #include "bench/bench_util.h"
 #include "clients/synth.h"
 #include "engine/engine.h"
@@ -169,20 +170,12 @@ absl::StatusOr<double> Ttft(Engine& engine, std::vector<int32_t> prompt,
 int Main() {
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
   const std::string preset = absl::GetFlag(FLAGS_preset);
-  absl::StatusOr<ModelConfig> config = SynthPresetConfig(preset);
-  if (!config.ok()) {
-    return std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str()), 1;
+  absl::StatusOr<std::filesystem::path> checkpoint =
+      bench::SynthCheckpoint(preset, absl::GetFlag(FLAGS_dtype), absl::GetFlag(FLAGS_model_dir));
+  if (!checkpoint.ok()) {
+    return std::fprintf(stderr, "%s\n", std::string(checkpoint.status().message()).c_str()), 1;
   }
-  SynthOptions synth;
-  synth.dtype = absl::GetFlag(FLAGS_dtype) == "f32" ? DType::kF32 : DType::kBF16;
-  const std::filesystem::path dir = std::filesystem::path(absl::GetFlag(FLAGS_model_dir)) /
-                                    (preset + "-" + absl::GetFlag(FLAGS_dtype));
-  if (!std::filesystem::exists(dir / "config.json")) {
-    std::printf("writing %s ...\n", dir.c_str());
-    if (absl::Status s = WriteSynthCheckpoint(dir, *config, synth); !s.ok()) {
-      return std::fprintf(stderr, "%s\n", std::string(s.message()).c_str()), 1;
-    }
-  }
+  const std::filesystem::path dir = *checkpoint;
   absl::StatusOr<std::unique_ptr<Backend>> created = CreateBackend(absl::GetFlag(FLAGS_backend));
   if (!created.ok()) {
     return std::fprintf(stderr, "%s\n", std::string(created.status().message()).c_str()), 1;

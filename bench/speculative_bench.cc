@@ -18,6 +18,7 @@
 #include "absl/flags/parse.h"
 #include "absl/synchronization/notification.h"
 #include "base/logging.h"
+#include "bench/bench_model.h"
 #include "bench/bench_util.h"
 #include "clients/synth.h"
 #include "engine/draft_sources_testing.h"
@@ -136,20 +137,12 @@ double TokensPerStep(double a, int k) {
 int Main() {
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
   const std::string preset = absl::GetFlag(FLAGS_preset);
-  absl::StatusOr<ModelConfig> config = SynthPresetConfig(preset);
-  if (!config.ok()) {
-    return std::fprintf(stderr, "%s\n", std::string(config.status().message()).c_str()), 1;
+  absl::StatusOr<std::filesystem::path> checkpoint =
+      bench::SynthCheckpoint(preset, absl::GetFlag(FLAGS_dtype), absl::GetFlag(FLAGS_model_dir));
+  if (!checkpoint.ok()) {
+    return std::fprintf(stderr, "%s\n", std::string(checkpoint.status().message()).c_str()), 1;
   }
-  SynthOptions synth;
-  synth.dtype = absl::GetFlag(FLAGS_dtype) == "f32" ? DType::kF32 : DType::kBF16;
-  const std::filesystem::path dir = std::filesystem::path(absl::GetFlag(FLAGS_model_dir)) /
-                                    (preset + "-" + absl::GetFlag(FLAGS_dtype));
-  if (!std::filesystem::exists(dir / "config.json")) {
-    std::printf("writing %s ...\n", dir.c_str());
-    if (absl::Status s = WriteSynthCheckpoint(dir, *config, synth); !s.ok()) {
-      return std::fprintf(stderr, "%s\n", std::string(s.message()).c_str()), 1;
-    }
-  }
+  const std::filesystem::path dir = *checkpoint;
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu");
   if (!backend.ok()) return 1;
   absl::StatusOr<std::unique_ptr<PreparedModel>> loaded =
@@ -163,7 +156,7 @@ int Main() {
   const int32_t tokens = absl::GetFlag(FLAGS_decode_tokens);
   const int32_t k = absl::GetFlag(FLAGS_draft_tokens);
   const int32_t batch = std::max(1, absl::GetFlag(FLAGS_batch));
-  const int64_t vocab = config->vocab_size;
+  const int64_t vocab = model->config().vocab_size;
   std::vector<std::vector<int32_t>> prompts;
   for (int32_t b = 0; b < batch; ++b) {
     std::vector<int32_t> prompt(static_cast<size_t>(prompt_tokens));
@@ -257,7 +250,7 @@ int Main() {
   // Prediction: tokens/step ÷ (verification step + draft time). The step cost is the rejected
   // run's (same k + 1 positions). An MTP head streams about one decoder layer + the LM head
   // per draft token; in memory-bound decode its cost scales with those bytes.
-  const ModelConfig& c = *config;
+  const ModelConfig& c = model->config();
   const double layer = static_cast<double>(c.hidden_size) * (c.q_dim() + 2 * c.kv_dim()) +
                        static_cast<double>(c.q_dim()) * c.hidden_size +
                        3.0 * static_cast<double>(c.hidden_size) * c.intermediate_size;

@@ -75,7 +75,10 @@ struct GenerationUpdate {
 using UpdateCallback = std::function<void(GenerationUpdate)>;
 
 struct EngineOptions {
-  int32_t max_running = 16;       // sequences in one batched step, at most
+  // Sequences in one batched step, at most; below it the KV pool's free blocks decide. 64: on
+  // a 2-core Zen 4, Qwen2.5-0.5B decodes 1.33x the aggregate tokens/s of 16 streams
+  // (bench/kv_cache_bench.cc); vLLM's default is 256.
+  int32_t max_running = 64;
   int32_t max_queued = 1024;      // waiting requests beyond which Submit is refused
   int32_t max_step_tokens = 512;  // prompt tokens prefilled per step (chunked prefill)
   int64_t max_context = 4096;     // prompt + output tokens of one sequence

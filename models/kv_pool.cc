@@ -128,7 +128,10 @@ void KvPool::Release(int32_t id) { Release(std::span<const int32_t>(&id, 1)); }
 
 void KvPool::Release(std::span<const int32_t> ids) {
   absl::MutexLock lock(&mutex_);
-  for (int32_t id : ids) {
+  // Last block first, as vLLM does: a sequence's tail blocks (the least shared) are evicted
+  // before its head, and the free stack hands the blocks out again in their old order.
+  for (auto it = ids.rbegin(); it != ids.rend(); ++it) {
+    const int32_t id = *it;
     Block& block = blocks_[static_cast<size_t>(id)];
     if (block.holders <= 0) {
       LOG(DFATAL) << "KV block " << id << " released more often than it was held";

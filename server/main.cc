@@ -38,7 +38,9 @@ ABSL_FLAG(std::string, tls_cert, "", "PEM certificate chain (with --tls-key: ser
 ABSL_FLAG(std::string, tls_key, "", "PEM private key (with --tls-cert: serve TLS)");
 ABSL_FLAG(int32_t, max_queued, 1024,
           "per model: waiting requests beyond which Generate is refused (RESOURCE_EXHAUSTED)");
-ABSL_FLAG(int32_t, max_running, 16, "per model: sequences decoded together in one step");
+ABSL_FLAG(int32_t, max_running, 64,
+          "per model: sequences decoded together in one step, at most (within it, requests are "
+          "admitted while the KV pool has blocks for them)");
 ABSL_FLAG(int32_t, num_draft_tokens, 0,
           "speculative decoding: draft tokens per step for requests that do not set "
           "speculative.num_draft_tokens, on models with MTP heads (0 = off; at most 16)");

@@ -7,9 +7,11 @@
 #include <cstring>
 #include <fstream>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
 #include <string>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/host_memory.h"
@@ -18,6 +20,16 @@
 
 namespace kiln {
 namespace {
+
+// A number in a cgroup file ("max" and unreadable files: nullopt).
+std::optional<uint64_t> ReadCgroupNumber(const char* path) {
+  std::ifstream file(path);
+  std::string text;
+  if (!(file >> text) || text == "max") return std::nullopt;
+  uint64_t value = 0;
+  if (!absl::SimpleAtoi(text, &value)) return std::nullopt;
+  return value;
+}
 
 const char* IsaName(dnnl::cpu_isa isa) {
   switch (isa) {
@@ -186,16 +198,32 @@ class CpuBackend final : public Backend {
 
   // MemAvailable of /proc/meminfo: free memory plus what the kernel can reclaim (page cache).
   uint64_t available_memory() const override {
-    std::ifstream meminfo("/proc/meminfo");
-    std::string key;
-    uint64_t kib = 0;
-    std::string unit;
-    while (meminfo >> key >> kib >> unit) {
-      if (key == "MemAvailable:") return kib * 1024;
+    uint64_t available = 0;
+    {
+      std::ifstream meminfo("/proc/meminfo");
+      std::string key, unit;
+      uint64_t kib = 0;
+      while (meminfo >> key >> kib >> unit) {
+        if (key == "MemAvailable:") {
+          available = kib * 1024;
+          break;
+        }
+      }
     }
-    const long pages = sysconf(_SC_AVPHYS_PAGES);
-    const long page_size = sysconf(_SC_PAGESIZE);
-    return pages > 0 && page_size > 0 ? static_cast<uint64_t>(pages) * page_size : 0;
+    if (available == 0) {
+      const long pages = sysconf(_SC_AVPHYS_PAGES);
+      const long page_size = sysconf(_SC_PAGESIZE);
+      if (pages > 0 && page_size > 0) available = static_cast<uint64_t>(pages) * page_size;
+    }
+    // In a container /proc/meminfo shows the host: the cgroup's limit (v2) is what this process
+    // may actually use.
+    const std::optional<uint64_t> limit = ReadCgroupNumber("/sys/fs/cgroup/memory.max");
+    const std::optional<uint64_t> used = ReadCgroupNumber("/sys/fs/cgroup/memory.current");
+    if (limit.has_value()) {
+      const uint64_t room = *limit > used.value_or(0) ? *limit - used.value_or(0) : 0;
+      available = available == 0 ? room : std::min(available, room);
+    }
+    return available;
   }
 
   absl::StatusOr<DeviceBuffer> Allocate(size_t bytes) override {

@@ -43,17 +43,7 @@ class EngineTest : public ::testing::Test {
 
   // Greedy generation with a plain forward loop, for comparison.
   static std::vector<int32_t> ManualGreedy(const std::vector<int32_t>& prompt, int n) {
-    absl::StatusOr<KvCache> cache = model_->NewCache(static_cast<int64_t>(prompt.size()) + n);
-    std::vector<int32_t> step = prompt, out;
-    for (int i = 0; i < n; ++i) {
-      std::vector<float> logits;
-      SequenceChunk chunk{&*cache, step, false};
-      EXPECT_TRUE(model_->Forward({&chunk, 1}, &logits).ok());
-      out.push_back(
-          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
-      step = {out.back()};
-    }
-    return out;
+    return testing_util::GreedyByForwardLoop(*model_, prompt, n);
   }
 
   static GenerationRequest Request(std::vector<int32_t> prompt, int max_tokens) {

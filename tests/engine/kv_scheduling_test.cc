@@ -10,6 +10,7 @@
 #include "kernels/backend_registry.h"
 #include "loaders/load_model.h"
 #include "tests/engine/stream_collector.h"
+#include "tests/engine/synth_model.h"
 #include "tests/loaders/test_util.h"
 
 namespace kiln {
@@ -70,18 +71,7 @@ class KvSchedulingTest : public ::testing::Test {
 
   // Greedy continuation by a plain forward loop over a cache of its own.
   static std::vector<int32_t> SerialGreedy(const std::vector<int32_t>& prompt, int n) {
-    absl::StatusOr<KvCache> cache = reference_->NewCache(static_cast<int64_t>(prompt.size()) + n);
-    EXPECT_TRUE(cache.ok());
-    std::vector<int32_t> step = prompt, out;
-    for (int i = 0; i < n; ++i) {
-      std::vector<float> logits;
-      SequenceChunk chunk{&*cache, step, false};
-      EXPECT_TRUE(reference_->Forward({&chunk, 1}, &logits).ok());
-      out.push_back(
-          static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin()));
-      step = {out.back()};
-    }
-    return out;
+    return testing_util::GreedyByForwardLoop(*reference_, prompt, n);
   }
 
   static GenerationRequest Request(std::vector<int32_t> prompt, int max_tokens) {

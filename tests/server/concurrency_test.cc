@@ -79,14 +79,14 @@ TEST(ConcurrencyTest, SixtyFourStreamsOnTwoModelsMatchSerialRuns) {
 }
 
 // The default configuration queues what it cannot run: 256 streams at once all complete (a
-// 16-sequence batch, the rest waiting), none is refused.
+// 64-sequence batch, the rest waiting), none is refused.
 TEST(ConcurrencyTest, TwoHundredFiftySixStreamsOnTheDefaultConfigurationAllComplete) {
   ServerOptions options;
   options.listen = "127.0.0.1:0";
   options.model_roots = {Models().root.string()};
   options.models = {{"plain", "plain", "", ""}};
   options.shutdown_grace = absl::Milliseconds(500);
-  ASSERT_EQ(options.engine.max_running, 16);
+  ASSERT_EQ(options.engine.max_running, 64);
   ASSERT_GE(options.engine.max_queued, 1024);
   auto server = TestServer::Start(options);
   ASSERT_NE(server, nullptr);

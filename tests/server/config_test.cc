@@ -25,7 +25,7 @@ TEST(ConfigTest, ExampleConfigsParse) {
   EXPECT_EQ(options.engine.max_queued, 1024);
   EXPECT_EQ(options.kv_pool.block_size, 16);
   EXPECT_EQ(options.kv_pool.bytes, 0u);  // derived per model
-  EXPECT_EQ(options.engine.max_running, 16);
+  EXPECT_EQ(options.engine.max_running, 64);
   EXPECT_EQ(options.engine.max_context, 4096);
   EXPECT_EQ(options.default_max_tokens, 256);
 
