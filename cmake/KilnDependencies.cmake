@@ -27,6 +27,14 @@ if(NOT KILN_ENABLE_CUDA STREQUAL "OFF")
   check_language(CUDA)
   if(CMAKE_CUDA_COMPILER)
     set(KILN_HAVE_CUDA ON)
+    # H100/H200; the CMake default (75) is too old and "native" fails without a GPU.
+    if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+      set(CMAKE_CUDA_ARCHITECTURES 90)
+    endif()
+    enable_language(CUDA)
+    # The runtime is linked statically and the driver stub never: a CUDA build still starts on
+    # a machine without the NVIDIA driver (and then reports why the backend is unavailable).
+    find_package(CUDAToolkit REQUIRED)
   elseif(KILN_ENABLE_CUDA STREQUAL "ON")
     message(FATAL_ERROR "KILN_ENABLE_CUDA=ON but no CUDA toolkit was found")
   endif()

@@ -3,6 +3,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "kernels/cpu/cpu_backend.h"
+#if defined(KILN_HAVE_CUDA)
+#include "kernels/cuda/cuda_status.h"
+#endif
 
 namespace kiln {
 namespace {
@@ -15,7 +18,20 @@ struct Entry {
 };
 
 std::string AlwaysAvailable() { return ""; }
-std::string NoCudaBackend() { return "this build of kiln has no CUDA backend"; }
+std::string NoCudaBackend() {
+#if defined(KILN_HAVE_CUDA)
+  // The probe runs once: without a driver the runtime's error is sticky anyway.
+  static const std::string reason = [] {
+    const std::string no_device = cuda::NoDeviceReason();
+    if (!no_device.empty()) return no_device;
+    return absl::StrCat("found ", cuda::DeviceDescription(),
+                        ", but this build's CUDA backend has no kernels yet");
+  }();
+  return reason;
+#else
+  return "this build of kiln has no CUDA backend (configured without the CUDA toolkit)";
+#endif
+}
 absl::StatusOr<std::unique_ptr<Backend>> NoBackend() {
   return absl::FailedPreconditionError("backend not built");
 }
