@@ -71,7 +71,7 @@ absl::StatusOr<CheckpointLocation> SniffCheckpoint(const fs::path& path) {
 absl::StatusOr<std::map<std::string, std::string>> ReadSideFiles(const fs::path& dir) {
   std::map<std::string, std::string> files;
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
-                           "encoder.json", "vocab.bpe"}) {
+                           "encoder.json", "vocab.bpe", "chat_template.jinja"}) {
     std::error_code ec;
     if (!fs::exists(fs::symlink_status(dir / name, ec))) continue;
     KILN_ASSIGN_OR_RETURN(fs::path path, ResolveInsideRoot(dir, name));

@@ -46,6 +46,7 @@ struct OpenedCheckpoint {
   ModelConfig config;
   WeightSource source;
   // Files that travel with the weights, by file name (tokenizer.json, tokenizer_config.json,
+  // chat_template.jinja,
   // generation_config.json, encoder.json, vocab.bpe): a native tensorized file's embedded ones,
   // else those in the checkpoint's directory (each confined to it).
   std::map<std::string, std::string> side_files;

@@ -138,6 +138,14 @@ absl::StatusOr<BuiltModel> ModelBuilder::Build(const ModelSpec& spec, const fs::
                  << "; prompts with larger ids are refused";
   }
 
+  absl::StatusOr<ChatTemplateSet> templates = ChatTemplateSet::FromSideFiles(side);
+  if (!templates.ok()) return KilnAnnotate(templates.status(), "chat template");
+  for (const std::string& error : templates->errors) {
+    LOG(WARNING) << "model '" << spec.name << "': " << error
+                 << "; chat requests that need it are refused, completions are served";
+  }
+  built.chat_templates = std::make_shared<const ChatTemplateSet>(*std::move(templates));
+
   EngineOptions engine_options = engine_;
   engine_options.prefix_caching = spec.prefix_caching;
   if (built.model->num_mtp_heads() > 0) {

@@ -19,6 +19,7 @@
 #include "loaders/model_root.h"
 #include "models/prepared_model.h"
 #include "server/model_spec.h"
+#include "template/chat_template_set.h"
 #include "tokenizer/tokenizer.h"
 
 namespace kiln {
@@ -32,6 +33,8 @@ struct BuiltModel {
   std::shared_ptr<const SideFiles> side_files;
   std::shared_ptr<const Tokenizer> tokenizer;  // null when the checkpoint has none
   std::string no_tokenizer_reason;             // why there is none
+  // Parsed from the side files; templates that did not parse are listed in its errors.
+  std::shared_ptr<const ChatTemplateSet> chat_templates;
   std::shared_ptr<Engine> engine;
   int64_t max_context = 0;  // of one sequence, as the engine enforces it
 };

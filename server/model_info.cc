@@ -67,6 +67,12 @@ void FillModelInfo(const ModelSnapshot& snapshot, v1::ModelInfo* info) {
       ")"));
   info->set_vocab_size(static_cast<int32_t>(model.config().vocab_size));
   info->set_max_context(snapshot.max_context);
+  if (snapshot.chat_templates != nullptr) {
+    for (const auto& [name, _] : snapshot.chat_templates->templates) info->add_chat_templates(name);
+    for (const std::string& error : snapshot.chat_templates->errors) {
+      info->add_chat_template_errors(error);
+    }
+  }
   const KvPool& pool = model.kv_pool();
   const KvPoolStats pool_stats = pool.stats();
   v1::KvPoolInfo* kv = info->mutable_kv_pool();

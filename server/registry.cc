@@ -146,6 +146,7 @@ absl::StatusOr<ModelSnapshot> ModelRegistry::Finish(const std::shared_ptr<Entry>
   data.side_files = std::move(built->side_files);
   data.tokenizer = std::move(built->tokenizer);
   data.no_tokenizer_reason = std::move(built->no_tokenizer_reason);
+  data.chat_templates = std::move(built->chat_templates);
   data.engine = std::move(built->engine);
   data.max_context = built->max_context;
   data.load_seconds = seconds;

@@ -44,9 +44,10 @@ struct ModelSnapshot {
   std::string checkpoint_dir;  // the directory holding config.json and the tokenizer
   std::string error;           // FAILED: why
   std::shared_ptr<const PreparedModel> model;
-  std::shared_ptr<const SideFiles> side_files;  // the checkpoint's tokenizer files
-  std::shared_ptr<const Tokenizer> tokenizer;   // null when the model directory has none
-  std::string no_tokenizer_reason;              // why there is none
+  std::shared_ptr<const SideFiles> side_files;            // the checkpoint's tokenizer files
+  std::shared_ptr<const Tokenizer> tokenizer;             // null when the model directory has none
+  std::string no_tokenizer_reason;                        // why there is none
+  std::shared_ptr<const ChatTemplateSet> chat_templates;  // from READY on
   std::shared_ptr<Engine> engine;
   int64_t max_context = 0;  // of one sequence, as the engine enforces it
   double load_seconds = 0;  // wall time of the whole load

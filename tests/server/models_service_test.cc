@@ -2,10 +2,12 @@
 // ModelInfo contents, model roots (outside paths, symlink escapes), duplicate names, failed
 // loads, the LOADING state and the admin token.
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "absl/synchronization/notification.h"
 #include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
 #include "server/auth.h"
 #include "tests/server/server_test_util.h"
 
@@ -143,6 +145,49 @@ TEST(ModelsServiceTest, KvPoolBudgetAndPrefixCachingPerModel) {
   // A budget below one block is refused, naming it.
   v1::ModelInfo none;
   EXPECT_CODE(load("tiny", 16, false, &none), INVALID_ARGUMENT, "KV pool");
+}
+
+// A copy of <root>/text whose tokenizer_config.json carries `chat_template` (and, when given, a
+// chat_template.jinja beside it).
+fs::path ModelWithTemplates(const std::string& name, const nlohmann::json& chat_template,
+                            const std::string& jinja_file = "") {
+  const fs::path dir = Models().root / name;
+  fs::remove_all(dir);
+  fs::copy(Models().text, dir, fs::copy_options::recursive);
+  nlohmann::json config;
+  std::ifstream(dir / "tokenizer_config.json") >> config;
+  config["chat_template"] = chat_template;
+  std::ofstream(dir / "tokenizer_config.json", std::ios::trunc) << config.dump(2);
+  if (!jinja_file.empty()) std::ofstream(dir / "chat_template.jinja") << jinja_file;
+  return dir;
+}
+
+// Chat templates are parsed at load; one that does not parse is reported, and the model serves.
+TEST(ModelsServiceTest, ChatTemplatesAreParsedAtLoadAndReported) {
+  auto server = TestServer::Start(TestServerOptions());
+  ASSERT_NE(server, nullptr);
+  const fs::path good = ModelWithTemplates(
+      "chat-good", nlohmann::json::array({{{"name", "tool_use"}, {"template", "{{ tools }}"}}}),
+      "{% for m in messages %}{{ m.content }}{% endfor %}");
+  const fs::path broken = ModelWithTemplates("chat-broken", "{% include 'x.jinja' %}");
+  v1::LoadModelRequest request;
+  request.set_name("good");
+  request.set_path(good.string());
+  v1::ModelInfo info;
+  ASSERT_TRUE(server->models().LoadModel(Context().get(), request, &info).ok());
+  EXPECT_EQ(std::vector<std::string>(info.chat_templates().begin(), info.chat_templates().end()),
+            (std::vector<std::string>{"default", "tool_use"}));
+  EXPECT_EQ(info.chat_template_errors_size(), 0);
+
+  request.set_name("broken");
+  request.set_path(broken.string());
+  ASSERT_TRUE(server->models().LoadModel(Context().get(), request, &info).ok());
+  EXPECT_EQ(info.state(), v1::READY);
+  EXPECT_EQ(info.chat_templates_size(), 0);
+  ASSERT_EQ(info.chat_template_errors_size(), 1);
+  EXPECT_CONTAINS(info.chat_template_errors(0), "template 'default' (tokenizer_config.json)");
+  EXPECT_CONTAINS(info.chat_template_errors(0), "include");
+  EXPECT_TRUE(GenerateAll(server->inference(), GreedyRequest("broken", {1, 2}, 3)).status.ok());
 }
 
 TEST(ModelsServiceTest, DtypeAndAbsolutePathInsideTheRoot) {
