@@ -318,30 +318,27 @@ class Parser {
     return e;
   }
 
-  absl::StatusOr<ExprPtr> ParseOr() {
+  // `operand (keyword operand)*`, left-associative: `or` over `and` over `not`.
+  absl::StatusOr<ExprPtr> ParseKeywordChain(const char* keyword, Expr::Kind kind,
+                                            absl::StatusOr<ExprPtr> (Parser::*operand)()) {
     Chain chain{this};
-    KILN_ASSIGN_OR_RETURN(ExprPtr e, ParseAnd());
-    while (IsName("or")) {
+    KILN_ASSIGN_OR_RETURN(ExprPtr e, (this->*operand)());
+    while (IsName(keyword)) {
       Pos p = Cur().pos;
       KILN_RETURN_IF_ERROR(chain.Add(p));
       Next();
-      KILN_ASSIGN_OR_RETURN(ExprPtr r, ParseAnd());
-      e = Binary(Expr::Kind::kOr, "or", p, std::move(e), std::move(r));
+      KILN_ASSIGN_OR_RETURN(ExprPtr r, (this->*operand)());
+      e = Binary(kind, keyword, p, std::move(e), std::move(r));
     }
     return e;
   }
 
+  absl::StatusOr<ExprPtr> ParseOr() {
+    return ParseKeywordChain("or", Expr::Kind::kOr, &Parser::ParseAnd);
+  }
+
   absl::StatusOr<ExprPtr> ParseAnd() {
-    Chain chain{this};
-    KILN_ASSIGN_OR_RETURN(ExprPtr e, ParseNot());
-    while (IsName("and")) {
-      Pos p = Cur().pos;
-      KILN_RETURN_IF_ERROR(chain.Add(p));
-      Next();
-      KILN_ASSIGN_OR_RETURN(ExprPtr r, ParseNot());
-      e = Binary(Expr::Kind::kAnd, "and", p, std::move(e), std::move(r));
-    }
-    return e;
+    return ParseKeywordChain("and", Expr::Kind::kAnd, &Parser::ParseNot);
   }
 
   absl::StatusOr<ExprPtr> ParseNot() {
