@@ -337,7 +337,7 @@ int64_t DraftRoom(int64_t drafts, int64_t max_tokens, int64_t produced, int64_t 
 
 }  // namespace
 
-absl::Status Engine::Start(Sequence& sequence, int64_t budget) {
+absl::StatusOr<int64_t> Engine::Start(Sequence& sequence, int64_t budget) {
   absl::StatusOr<KvCache> created = model_->NewCache(sequence.capacity);
   if (!created.ok()) return created.status();
   sequence.cache.emplace(*std::move(created));
@@ -370,11 +370,7 @@ absl::Status Engine::Start(Sequence& sequence, int64_t budget) {
   }
   cache.AdoptPrefix(prefix);
   const int64_t computed = cache.length();
-  const int64_t rows = std::min(total - computed, budget);
-  if (rows <= 0) {
-    sequence.cache.reset();
-    return absl::ResourceExhaustedError("no prefill budget left in this step");
-  }
+  const int64_t rows = std::min(total - computed, budget);  // ≥ 1: the last token is never cached
   if (absl::Status reserved = cache.Reserve(computed + rows); !reserved.ok()) {
     sequence.cache.reset();  // gives the prefix back
     return reserved;
@@ -394,7 +390,7 @@ absl::Status Engine::Start(Sequence& sequence, int64_t budget) {
   sequence.hidden.clear();
   sequence.hidden_first = computed;
   sequence.step_tokens.clear();
-  return absl::OkStatus();
+  return rows;
 }
 
 void Engine::Preempt(size_t index) {
@@ -460,16 +456,18 @@ void Engine::Schedule() {
       waiting_.pop_front();
       stats_.waiting = static_cast<int32_t>(waiting_.size());
     }
-    if (absl::Status started = Start(*sequence, budget); !started.ok()) {
+    absl::StatusOr<int64_t> started_rows = Start(*sequence, budget);
+    if (!started_rows.ok()) {
       // Out of blocks: it waits for running sequences to give some back. With nothing running
       // nothing would, and any other error is the request's own.
-      if (started.code() != absl::StatusCode::kResourceExhausted || running_.empty()) {
+      const absl::Status& error = started_rows.status();
+      if (error.code() != absl::StatusCode::kResourceExhausted || running_.empty()) {
         Finish(*sequence, FinishReason::kNone,
-               started.code() == absl::StatusCode::kResourceExhausted
+               error.code() == absl::StatusCode::kResourceExhausted
                    ? absl::ResourceExhaustedError(absl::StrCat(
                          "the KV pool has ", model_->kv_pool().available_blocks(), " of ",
                          model_->kv_pool().num_blocks(), " blocks free, too few for this request"))
-                   : started);
+                   : error);
         continue;
       }
       absl::MutexLock lock(&mutex_);
@@ -498,8 +496,7 @@ void Engine::Schedule() {
       }
       started.draft = std::move(*session);
     }
-    const int64_t rows =
-        std::min(static_cast<int64_t>(started.tokens.size()) - started.computed(), budget);
+    const int64_t rows = *started_rows;
     budget -= started.decoding() ? 0 : rows;
     started.step_rows = rows;
     started.draft_room = 0;
@@ -606,13 +603,10 @@ void Engine::CacheFullBlocks(Sequence& sequence) {
   }
 }
 
-bool Engine::Step() {
+void Engine::Step() {
   HandleCancellations();
   Schedule();
-  if (running_.empty()) {
-    absl::MutexLock lock(&mutex_);
-    return !waiting_.empty();
-  }
+  if (running_.empty()) return;
 
   // Drafts come first: a session may run forwards of its own.
   const Clock::time_point draft_start = Clock::now();
@@ -642,7 +636,7 @@ bool Engine::Step() {
     chunks.push_back(chunk);
     stepped.push_back(sequence.get());
   }
-  if (chunks.empty()) return true;
+  if (chunks.empty()) return;
   const bool want_hidden =
       options_.draft_source != nullptr && options_.draft_source->needs_target_hidden();
   std::vector<float> logits, hidden;
@@ -653,7 +647,7 @@ bool Engine::Step() {
     LOG(ERROR) << "forward step failed: " << status;
     for (Sequence* sequence : stepped) Finish(*sequence, FinishReason::kNone, status);
     std::erase_if(running_, [](const auto& sequence) { return sequence->finished; });
-    return true;
+    return;
   }
 
   const int64_t vocab = model_->config().vocab_size;
@@ -749,7 +743,6 @@ bool Engine::Step() {
     }
   }
   std::erase_if(running_, [](const auto& sequence) { return sequence->finished; });
-  return true;
 }
 
 void Engine::Loop() {

@@ -135,21 +135,24 @@ class Engine {
 
   EngineStats stats() const;
   const PreparedModel& model() const { return *model_; }
+  // Prompt + output tokens of one sequence, as enforced: the option, capped by the KV pool.
+  int64_t max_context() const { return options_.max_context; }
 
  private:
   struct Sequence;
   Engine(std::shared_ptr<const PreparedModel> model, std::shared_ptr<const Tokenizer> tokenizer,
          const EngineOptions& options);
   void Loop();
-  bool Step();  // false when there is nothing to do
+  void Step();
   // Cancellations (and a shutdown that does not drain) end their sequences.
   void HandleCancellations();
   // Reserves this step's blocks for the running sequences (preempting when the pool is out),
   // then admits waiting sequences while the pool, max_running and the token budget allow.
   void Schedule();
   // Starts a sequence's KV cache (reusing its longest cached prefix) and reserves its first
-  // chunk; ResourceExhausted when the pool cannot hold that chunk now.
-  absl::Status Start(Sequence& sequence, int64_t budget);
+  // chunk, of at most `budget` (> 0) tokens; returns that chunk's size. ResourceExhausted when
+  // the pool cannot hold it now.
+  absl::StatusOr<int64_t> Start(Sequence& sequence, int64_t budget);
   // Frees a running sequence's blocks and puts it back at the front of the queue.
   void Preempt(size_t running_index);
   static BlockHash PrefixRoot(const Sequence& sequence);

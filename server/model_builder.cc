@@ -160,7 +160,7 @@ absl::StatusOr<BuiltModel> ModelBuilder::Build(const ModelSpec& spec, const fs::
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<Engine> engine,
                         Engine::Create(built.model, built.tokenizer, engine_options));
   built.engine = std::shared_ptr<Engine>(std::move(engine));
-  built.max_context = engine_options.max_context;
+  built.max_context = built.engine->max_context();
   return built;
 }
 

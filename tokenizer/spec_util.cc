@@ -6,6 +6,7 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "tokenizer/unicode_util.h"
 
 namespace kiln::tokenizer_internal {
@@ -112,9 +113,7 @@ absl::Status SpecPattern::FindAll(absl::string_view text,
                                   std::vector<std::pair<size_t, size_t>>& out) const {
   out.clear();
   if (regex_ != nullptr) {
-    absl::StatusOr<std::vector<std::pair<size_t, size_t>>> matches = regex_->FindAll(text);
-    if (!matches.ok()) return matches.status();
-    out = *std::move(matches);
+    KILN_ASSIGN_OR_RETURN(out, regex_->FindAll(text));
     return absl::OkStatus();
   }
   // The crate's empty literal never yields a non-empty match.

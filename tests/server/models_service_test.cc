@@ -142,6 +142,17 @@ TEST(ModelsServiceTest, KvPoolBudgetAndPrefixCachingPerModel) {
   EXPECT_EQ(got.kv_pool().used_blocks(), 0);
   EXPECT_GE(got.kv_pool().cached_blocks(), 2);
 
+  // A pool smaller than max_context caps the context of one sequence, and GetModel says so.
+  const uint64_t block_bytes = cached.kv_pool().bytes() / cached.kv_pool().blocks();
+  v1::ModelInfo small;
+  ASSERT_TRUE(load("small", 16 * block_bytes, false, &small).ok());
+  EXPECT_EQ(small.kv_pool().blocks(), 16);
+  EXPECT_EQ(small.max_context(), 16 * 8);
+  EXPECT_CODE(
+      GenerateAll(server->inference(), GreedyRequest("small", std::vector<int32_t>(128, 3), 2))
+          .status,
+      INVALID_ARGUMENT, "context of 128 tokens");
+
   // A budget below one block is refused, naming it.
   v1::ModelInfo none;
   EXPECT_CODE(load("tiny", 16, false, &none), INVALID_ARGUMENT, "KV pool");
