@@ -89,7 +89,7 @@ const std::vector<Command>& Commands() {
        "NAME PATH [--dtype bf16|f32] [--backend cpu] [--format F] [tensorizer flags]",
        "Load PATH (a model directory or a Tensorizer .tensors file inside one of the server's\n"
        "model roots) as NAME. Key and passphrase files are read by the server, on its machine.",
-       {"dtype", "backend", "format", "tensorizer_config", "encryption_key_file",
+       {"dtype", "backend", "format", "chat_template", "tensorizer_config", "encryption_key_file",
         "encryption_passphrase_file", "skip_hash_verification", "json", KILN_ADMIN_FLAGS},
        &ModelsLoad},
       {"models tensorize",

@@ -19,6 +19,9 @@ ABSL_FLAG(int32_t, mtp_layers, 0,
           "synth: also write this many DeepSeek-style MTP heads (random weights; for speculative "
           "decoding tests)");
 
+ABSL_FLAG(std::string, chat_template, "",
+          "models load: a Jinja2 chat template file (read here, sent with the request) replacing "
+          "the checkpoint's default");
 ABSL_FLAG(std::string, tensorizer_config, "",
           "config.json for a raw or vLLM Tensorizer file (default: config.json beside it)");
 ABSL_FLAG(std::string, encryption_key_file, "",

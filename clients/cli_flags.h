@@ -19,6 +19,7 @@ ABSL_DECLARE_FLAG(std::string, backend);
 ABSL_DECLARE_FLAG(int32_t, mtp_layers);
 
 // Tensorizer files (run, tensorize, models load).
+ABSL_DECLARE_FLAG(std::string, chat_template);
 ABSL_DECLARE_FLAG(std::string, tensorizer_config);
 ABSL_DECLARE_FLAG(std::string, encryption_key_file);
 ABSL_DECLARE_FLAG(std::string, encryption_passphrase_file);

@@ -1,6 +1,8 @@
 // `kiln models list | load | unload | get`: the Models service.
 #include <algorithm>
+#include <fstream>
 #include <iostream>
+#include <iterator>
 #include <string>
 #include <vector>
 
@@ -158,6 +160,12 @@ int ModelsLoad(const Args& args) {
   request.set_dtype(dtype);
   request.set_backend(absl::GetFlag(FLAGS_backend));
   request.set_format(absl::GetFlag(FLAGS_format));
+  if (const std::string file = absl::GetFlag(FLAGS_chat_template); !file.empty()) {
+    std::ifstream in(file, std::ios::binary);
+    if (!in) return UsageError("models load", absl::StrCat("--chat_template: cannot read ", file));
+    request.set_chat_template(
+        std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()));
+  }
   kiln::v1::TensorizerOptions* tensorizer = request.mutable_tensorizer();
   tensorizer->set_config_path(absl::GetFlag(FLAGS_tensorizer_config));
   tensorizer->set_encryption_key_file(absl::GetFlag(FLAGS_encryption_key_file));

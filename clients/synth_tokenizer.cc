@@ -139,11 +139,19 @@ absl::Status WriteSynthTokenizer(const std::filesystem::path& dir, int64_t vocab
                         {"ignore_merges", false},
                         {"vocab", vocab},
                         {"merges", merges}};
+  // ChatML, as Qwen's models write it: the default model serves chat requests too.
+  constexpr char kChatTemplate[] =
+      "{%- for message in messages %}"
+      "{{- '<|im_start|>' + message['role'] + '\\n' + (message['content'] or '') + "
+      "'<|im_end|>\\n' }}"
+      "{%- endfor %}"
+      "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}";
   const nlohmann::json config = {{"bos_token", nullptr},
                                  {"eos_token", "<|endoftext|>"},
                                  {"pad_token", "<|endoftext|>"},
                                  {"add_bos_token", false},
-                                 {"tokenizer_class", "PreTrainedTokenizerFast"}};
+                                 {"tokenizer_class", "PreTrainedTokenizerFast"},
+                                 {"chat_template", kChatTemplate}};
   for (const auto& [name, text] : {std::pair{"tokenizer.json", tokenizer.dump()},
                                    std::pair{"tokenizer_config.json", config.dump(2)}}) {
     std::ofstream out(dir / name, std::ios::binary | std::ios::trunc);

@@ -11,6 +11,9 @@ find_package(Protobuf REQUIRED)
 find_package(gRPC CONFIG REQUIRED)
 pkg_check_modules(PCRE2 REQUIRED IMPORTED_TARGET libpcre2-8)
 pkg_check_modules(UTF8PROC REQUIRED IMPORTED_TARGET libutf8proc)
+# Boost.Beast and Boost.Asio (header-only, libboost-dev): the OpenAI HTTP API and the load
+# generator's HTTP client, asynchronous so that a few threads carry hundreds of streams.
+find_package(Boost 1.74 REQUIRED)
 
 if(KILN_BUILD_TESTS)
   find_package(GTest REQUIRED)

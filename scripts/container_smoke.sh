@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Container smoke test: builds docker/Dockerfile with podman, starts the image, and from outside
 # the container checks Health (and the image's HEALTHCHECK), Generate on the embedded default
-# model and on a model mounted under /models, a 20 s kiln-loadgen run without errors, the metrics
-# endpoint, and a clean exit on SIGTERM. Needs root or sudo (apt-get, rootful podman) and
+# model and on a model mounted under /models, a chat completion over the OpenAI HTTP API, a 20 s
+# kiln-loadgen run without errors, the metrics endpoint, and a clean exit on SIGTERM. Needs root or sudo (apt-get, rootful podman) and
 # Debian's package mirror; no image registry (the base image is made with debootstrap).
 # Takes minutes: most of it is the image build (the first one compiles everything).
 #
@@ -147,14 +147,15 @@ chmod -R a+rX "$work/models"   # the container runs as uid 10001
 echo "$mounted"
 
 step "start the container"
-read -r port metrics_port < <(/usr/bin/python3 -c '
+read -r port metrics_port http_port < <(/usr/bin/python3 -c '
 import socket
-socks = [socket.socket() for _ in range(2)]
+socks = [socket.socket() for _ in range(3)]
 for s in socks: s.bind(("127.0.0.1", 0))
 print(*[s.getsockname()[1] for s in socks])')
 server_help=$(podman run --rm --network=host --no-healthcheck "$image" kiln-server --helpfull \
   2>&1 || true)
-args=(--listen "0.0.0.0:$port" --model "mounted=/models/mounted")
+# Host networking: every port is a free one (the image's config would take 8000 for HTTP).
+args=(--listen "0.0.0.0:$port" --http-listen "0.0.0.0:$http_port" --model "mounted=/models/mounted")
 have_metrics=0
 if grep -q 'metrics_listen' <<<"$server_help"; then
   have_metrics=1
@@ -166,7 +167,7 @@ podman run -d --name "$name" --network=host --read-only --health-interval=disabl
   -e KILN_HEALTH_SERVER="127.0.0.1:$port" -v "$mounted:/models/mounted:ro" \
   "$image" "${args[@]}" >/dev/null 2>>"$work/podman.err" ||
   { cat "$work/podman.err" >&2; fail "podman run"; }
-echo "container $name: gRPC 0.0.0.0:$port$( ((have_metrics)) && echo ", metrics 0.0.0.0:$metrics_port")"
+echo "container $name: gRPC 0.0.0.0:$port, HTTP 0.0.0.0:$http_port$( ((have_metrics)) && echo ", metrics 0.0.0.0:$metrics_port")"
 
 step "wait for Health SERVING (kiln health from the host)"
 deadline=$((SECONDS + 180))
@@ -192,6 +193,14 @@ for model in default mounted; do
   echo "$model: $(printf '%q' "$text")"
   sed 's/^/    /' "$work/generate-$model.err"
 done
+
+step "the OpenAI HTTP API from outside (curl)"
+reply=$(curl -fsS --max-time 60 "http://127.0.0.1:$http_port/v1/chat/completions" \
+  -H 'Content-Type: application/json' \
+  -d '{"model": "default", "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
+       "ignore_eos": true}') || fail "POST /v1/chat/completions"
+grep -q '"completion_tokens":8' <<<"$reply" || fail "chat completion: not 8 tokens: $reply"
+echo "$reply"
 
 step "kiln-loadgen: concurrency 4 for 20 s"
 if ! "$loadgen" --target "127.0.0.1:$port" --model default --concurrency 4 --duration 20s \

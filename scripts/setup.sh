@@ -18,23 +18,41 @@ packages=(
   libisal-dev libsodium-dev
   # metrics endpoint: civetweb (embedded HTTP server); promtool (from prometheus) checks it in tests
   libcivetweb-dev prometheus
+  # OpenAI HTTP API and the load generator's HTTP client: Boost.Beast/Asio (header-only)
+  libboost-dev
   # tests: GoogleTest, libtorch (the independent reference forward)
   libgtest-dev googletest libtorch-dev
   # end-to-end test (tests/e2e): Debian's Python gRPC and Protobuf for /usr/bin/python3
   python3-grpcio python3-protobuf
 )
+# The OpenAI SDK end-to-end test (tests/e2e/openai) runs on Node.js: Debian's nodejs and npm,
+# unless a Node.js with npm is already installed (another distribution's nodejs package
+# conflicts with Debian's npm).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  packages+=(nodejs npm)
+fi
 
 missing=()
 for package in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)
   [[ $status == "install ok installed" ]] || missing+=("$package")
 done
-if ((${#missing[@]} == 0)); then
-  exit 0
+if ((${#missing[@]} > 0)); then
+  sudo=()
+  if [[ $(id -u) -ne 0 ]]; then sudo=(sudo); fi
+  echo "setup: installing ${missing[*]}"
+  "${sudo[@]}" apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends \
+    "${missing[@]}"
 fi
 
-sudo=()
-if [[ $(id -u) -ne 0 ]]; then sudo=(sudo); fi
-echo "setup: installing ${missing[*]}"
-"${sudo[@]}" apt-get update -qq
-DEBIAN_FRONTEND=noninteractive "${sudo[@]}" apt-get install -y -qq --no-install-recommends "${missing[@]}"
+# The npm package the OpenAI e2e test drives the server with, at the version package-lock.json
+# pins (from the npm registry; about 2 s).
+e2e_openai="$(cd "$(dirname "$0")/../tests/e2e/openai" && pwd)"
+if ! node -e "const dir = process.argv[1];
+  const want = require(dir + '/package.json').dependencies.openai;
+  process.exit(require(dir + '/node_modules/openai/package.json').version === want ? 0 : 1)" \
+  "$e2e_openai" 2>/dev/null; then
+  echo "setup: npm ci in tests/e2e/openai"
+  npm ci --prefix "$e2e_openai" --no-audit --no-fund --loglevel=error
+fi

@@ -19,13 +19,13 @@ bool ConstantTimeEquals(absl::string_view a, absl::string_view b) {
   return diff == 0;
 }
 
-absl::StatusOr<std::string> ReadAdminTokenFile(const std::string& path) {
+absl::StatusOr<std::string> ReadAdminTokenFile(const std::string& path, absl::string_view what) {
   std::ifstream in(path, std::ios::binary);
-  if (!in) return absl::NotFoundError(absl::StrCat("admin token file ", path, " cannot be read"));
+  if (!in) return absl::NotFoundError(absl::StrCat(what, " ", path, " cannot be read"));
   std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   std::string token(absl::StripAsciiWhitespace(text));
   if (token.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("admin token file ", path, " is empty"));
+    return absl::InvalidArgumentError(absl::StrCat(what, " ", path, " is empty"));
   }
   return token;
 }

@@ -12,8 +12,10 @@ namespace kiln {
 // Compares in time that depends only on the lengths, never on where the strings differ.
 bool ConstantTimeEquals(absl::string_view a, absl::string_view b);
 
-// The token in `path`, surrounding whitespace removed; an error if unreadable or empty.
-absl::StatusOr<std::string> ReadAdminTokenFile(const std::string& path);
+// The token in `path`, surrounding whitespace removed; an error naming `what` and the path if
+// unreadable or empty. (The HTTP API's key file is read the same way.)
+absl::StatusOr<std::string> ReadAdminTokenFile(const std::string& path,
+                                               absl::string_view what = "admin token file");
 
 // OK when `expected` is empty (no token configured) or the call carries it. Unauthenticated when
 // the call has no bearer token; PermissionDenied when it has the wrong one.

@@ -78,6 +78,9 @@ absl::Status ApplyServerConfig(const v1::ServerConfig& config, const std::string
     if (!tz.encryption_passphrase_file.empty()) {
       tz.encryption_passphrase_file = Rebase(base_dir, tz.encryption_passphrase_file);
     }
+    if (!spec.chat_template_file.empty()) {
+      spec.chat_template_file = Rebase(base_dir, spec.chat_template_file);
+    }
     AddOrReplaceModel(std::move(spec), &options->models);
   }
   if (config.max_queued_requests() < 0 || config.max_running_sequences() < 0 ||
@@ -106,6 +109,10 @@ absl::Status ApplyServerConfig(const v1::ServerConfig& config, const std::string
   if (!config.tls_cert_file().empty())
     options->tls_cert_file = Rebase(base_dir, config.tls_cert_file());
   if (!config.metrics_listen().empty()) options->metrics_listen = config.metrics_listen();
+  if (!config.http_listen().empty()) options->http_listen = config.http_listen();
+  if (!config.api_key_file().empty()) {
+    options->api_key_file = Rebase(base_dir, config.api_key_file());
+  }
   if (!config.default_backend().empty()) options->default_backend = config.default_backend();
   if (config.kv_cache_bytes() > 0) options->kv_pool.bytes = config.kv_cache_bytes();
   if (config.kv_block_size() < 0) {
@@ -161,6 +168,26 @@ void AddOrReplaceModel(ModelSpec spec, std::vector<ModelSpec>* models) {
     }
   }
   models->push_back(std::move(spec));
+}
+
+absl::Status ApplyChatTemplateFlag(absl::string_view text, std::vector<ModelSpec>* models) {
+  if (text.empty()) return absl::InvalidArgumentError("--chat-template: empty value");
+  const size_t eq = text.find('=');
+  if (eq != absl::string_view::npos) {
+    const absl::string_view name = text.substr(0, eq);
+    for (ModelSpec& model : *models) {
+      if (model.name == name) {
+        model.chat_template_file = std::string(text.substr(eq + 1));
+        return absl::OkStatus();
+      }
+    }
+  }
+  if (models->empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--chat-template ", text, ": no startup model to apply it to (give --model first)"));
+  }
+  for (ModelSpec& model : *models) model.chat_template_file = std::string(text);
+  return absl::OkStatus();
 }
 
 }  // namespace kiln

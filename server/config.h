@@ -35,4 +35,8 @@ std::vector<std::string> CollectRepeatedFlag(int argc, char** argv, absl::string
 // Adds `spec` to `models`, replacing a model of the same name.
 void AddOrReplaceModel(ModelSpec spec, std::vector<ModelSpec>* models);
 
+// A --chat-template value: "NAME=FILE" for the startup model NAME, else FILE for every startup
+// model. InvalidArgument when there is no model to apply it to.
+absl::Status ApplyChatTemplateFlag(absl::string_view text, std::vector<ModelSpec>* models);
+
 }  // namespace kiln

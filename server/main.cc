@@ -62,6 +62,17 @@ ABSL_FLAG(std::string, backend, "cpu",
 ABSL_FLAG(std::string, metrics_listen, "",
           "HOST:PORT to serve Prometheus metrics on (HTTP GET /metrics; port 0: any); "
           "empty: no metrics endpoint");
+ABSL_FLAG(std::string, http_listen, "",
+          "HOST:PORT to serve the OpenAI-compatible HTTP API on (/v1/chat/completions, "
+          "/v1/completions, /v1/models, /health, /version, /tokenize, /detokenize, /metrics; "
+          "port 0: any); empty: no HTTP API");
+ABSL_FLAG(std::string, api_key, "",
+          "HTTP API: the bearer token /v1/* requires ('Authorization: Bearer <key>'); also "
+          "read from the KILN_API_KEY environment variable; empty: open");
+ABSL_FLAG(std::string, api_key_file, "", "HTTP API: a file holding the API key (overrides it)");
+ABSL_FLAG(std::vector<std::string>, chat_template, {},
+          "FILE or NAME=FILE: a Jinja2 chat template replacing the checkpoint's default, for "
+          "every startup model or for model NAME; repeatable");
 ABSL_FLAG(absl::Duration, token_delay_for_testing, absl::ZeroDuration(),
           "for tests and benchmarks only: delay every streamed token by this long (e.g. 20ms), "
           "so that a load generator measures a known inter-token latency");
@@ -146,6 +157,16 @@ absl::StatusOr<ServerOptions> BuildOptions(int argc, char** argv) {
     options.metrics_listen = absl::GetFlag(FLAGS_metrics_listen);
   }
   if (OnCommandLine(argc, argv, "backend")) options.default_backend = absl::GetFlag(FLAGS_backend);
+  if (OnCommandLine(argc, argv, "http_listen")) {
+    options.http_listen = absl::GetFlag(FLAGS_http_listen);
+  }
+  if (const char* key = std::getenv("KILN_API_KEY"); key != nullptr && *key != '\0') {
+    options.api_key = key;
+  }
+  if (OnCommandLine(argc, argv, "api_key")) options.api_key = absl::GetFlag(FLAGS_api_key);
+  if (OnCommandLine(argc, argv, "api_key_file")) {
+    options.api_key_file = absl::GetFlag(FLAGS_api_key_file);
+  }
   options.token_delay_for_testing = absl::GetFlag(FLAGS_token_delay_for_testing);
   // Repeatable flags add to the config's lists (a --model replaces a config model of its name).
   options.model_roots.insert(options.model_roots.end(), all_roots.begin(), all_roots.end());
@@ -153,6 +174,11 @@ absl::StatusOr<ServerOptions> BuildOptions(int argc, char** argv) {
     absl::StatusOr<ModelSpec> spec = ParseModelFlag(text);
     if (!spec.ok()) return spec.status();
     AddOrReplaceModel(*std::move(spec), &options.models);
+  }
+  for (const std::string& text : CollectRepeatedFlag(argc, argv, "chat_template", true)) {
+    if (absl::Status status = ApplyChatTemplateFlag(text, &options.models); !status.ok()) {
+      return status;
+    }
   }
   return options;
 }
@@ -166,7 +192,7 @@ int Main(int argc, char** argv) {
   absl::SetFlagsUsageConfig(usage_config);
   absl::SetProgramUsageMessage(
       "kiln-server --listen HOST:PORT --model-root DIR [--model NAME=PATH ...] [--config FILE]\n"
-      "            [--metrics-listen HOST:PORT] [--backend cpu]\n"
+      "            [--http-listen HOST:PORT] [--metrics-listen HOST:PORT] [--backend cpu]\n"
       "Flags may be spelled with dashes or underscores (--model-root = --model_root).");
   std::vector<std::string> args = NormalizeFlagNames(argc, argv);
   std::vector<char*> arg_pointers;

@@ -311,9 +311,10 @@ ServerMetrics::ServerMetrics(const ModelRegistry* registry)
     : model_registry_(registry),
       requests_(registry_.AddCounter(
           "kiln_requests_total",
-          "Generate calls that ended, by model (\"\" when the name did not resolve to a READY "
-          "model), gRPC status code and finish reason (none: ended without one).",
-          {"model", "code", "finish_reason"})),
+          "Generation requests that ended (gRPC Generate calls; OpenAI HTTP choices), by model "
+          "(\"\" when the name did not resolve to a READY model), status code (gRPC's names), "
+          "finish reason (none: ended without one) and protocol (grpc, http).",
+          {"model", "code", "finish_reason", "protocol"})),
       prompt_tokens_(registry_.AddCounter(
           "kiln_prompt_tokens_total", "Prompt tokens of requests the engine accepted.", {"model"})),
       generation_tokens_(registry_.AddCounter("kiln_generation_tokens_total",
@@ -433,8 +434,8 @@ void ServerMetrics::Collect() {
   }
 }
 
-GenerateRecorder::GenerateRecorder(ServerMetrics* metrics)
-    : metrics_(metrics), start_(Clock::now()), last_tokens_(start_) {}
+GenerateRecorder::GenerateRecorder(ServerMetrics* metrics, absl::string_view protocol)
+    : metrics_(metrics), protocol_(protocol), start_(Clock::now()), last_tokens_(start_) {}
 
 void GenerateRecorder::OnModel(const std::string& model) {
   if (metrics_ == nullptr) return;
@@ -471,10 +472,13 @@ void GenerateRecorder::OnSpeculative(int64_t drafted, int64_t accepted) {
 void GenerateRecorder::OnFinish(FinishReason reason) { finish_ = reason; }
 
 void GenerateRecorder::OnEnd(const grpc::Status& status) {
+  OnEnd(absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message()));
+}
+
+void GenerateRecorder::OnEnd(const absl::Status& status) {
   if (metrics_ == nullptr) return;
-  const std::string code =
-      absl::StatusCodeToString(static_cast<absl::StatusCode>(status.error_code()));
-  metrics_->requests_.WithLabels({model_, code, std::string(FinishReasonLabel(finish_))})
+  const std::string code = absl::StatusCodeToString(status.code());
+  metrics_->requests_.WithLabels({model_, code, std::string(FinishReasonLabel(finish_)), protocol_})
       .Increment();
   if (status.ok() && finish_ != FinishReason::kNone && !model_.empty()) {
     metrics_->e2e_latency_.WithLabels({model_}).Observe(Seconds(Clock::now() - start_));

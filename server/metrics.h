@@ -227,11 +227,13 @@ class ServerMetrics {
   metrics::Family<metrics::Gauge>& load_seconds_;
 };
 
-// What one Generate call records. Made when the call arrives; a null `metrics` makes every
-// method a no-op. Not thread-safe: one handler thread drives it.
+// What one generation records (a Generate call; one choice of an OpenAI request). Made when the
+// request arrives; a null `metrics` makes every method a no-op. Not thread-safe: one thread at a
+// time drives it (the gRPC handler; the engine's callbacks).
 class GenerateRecorder {
  public:
-  explicit GenerateRecorder(ServerMetrics* metrics);
+  // `protocol`: the kiln_requests_total label, "grpc" or "http".
+  explicit GenerateRecorder(ServerMetrics* metrics, absl::string_view protocol = "grpc");
   GenerateRecorder(const GenerateRecorder&) = delete;
   GenerateRecorder& operator=(const GenerateRecorder&) = delete;
 
@@ -246,13 +248,15 @@ class GenerateRecorder {
   void OnSpeculative(int64_t drafted, int64_t accepted);
   // The stream ended with this finish reason.
   void OnFinish(FinishReason reason);
-  // The call returns `status`: counts the request (by model, code and finish reason) and, for
-  // a finished one, its end-to-end latency. Call once.
+  // The call returns `status`: counts the request (by model, code, finish reason and protocol)
+  // and, for a finished one, its end-to-end latency. Call once.
   void OnEnd(const grpc::Status& status);
+  void OnEnd(const absl::Status& status);
 
  private:
   using Clock = std::chrono::steady_clock;
   ServerMetrics* const metrics_;
+  const std::string protocol_;
   const Clock::time_point start_;
   Clock::time_point last_tokens_;
   std::string model_;  // "" until resolved: unknown names must not make label values

@@ -15,6 +15,30 @@
 namespace kiln {
 namespace {
 
+// The spec's chat template (its text, or its file) replaces the checkpoint's default. It was
+// asked for by name, so one that cannot be read or parsed fails the load.
+absl::Status ApplyChatTemplateOverride(const ModelSpec& spec, ChatTemplateSet& templates) {
+  std::string source = spec.chat_template;
+  std::string origin = "LoadModel's chat_template";
+  if (source.empty() && !spec.chat_template_file.empty()) {
+    std::ifstream in(spec.chat_template_file, std::ios::binary);
+    if (!in) {
+      return absl::NotFoundError(
+          absl::StrCat("chat template file ", spec.chat_template_file, " cannot be read"));
+    }
+    source.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    origin = spec.chat_template_file;
+  }
+  if (source.empty()) return absl::OkStatus();
+  absl::StatusOr<ChatTemplate> parsed = ChatTemplate::Parse(source);
+  if (!parsed.ok()) return KilnAnnotate(parsed.status(), absl::StrCat("chat template ", origin));
+  templates.templates.insert_or_assign("default", *std::move(parsed));
+  std::erase_if(templates.errors,
+                [](const std::string& error) { return error.rfind("template 'default'", 0) == 0; });
+  LOG(INFO) << "model '" << spec.name << "': chat template from " << origin;
+  return absl::OkStatus();
+}
+
 namespace fs = std::filesystem;
 
 absl::StatusOr<std::string> ReadSecretFile(const std::string& path, absl::string_view field) {
@@ -140,6 +164,7 @@ absl::StatusOr<BuiltModel> ModelBuilder::Build(const ModelSpec& spec, const fs::
 
   absl::StatusOr<ChatTemplateSet> templates = ChatTemplateSet::FromSideFiles(side);
   if (!templates.ok()) return KilnAnnotate(templates.status(), "chat template");
+  KILN_RETURN_IF_ERROR(ApplyChatTemplateOverride(spec, *templates));
   for (const std::string& error : templates->errors) {
     LOG(WARNING) << "model '" << spec.name << "': " << error
                  << "; chat requests that need it are refused, completions are served";

@@ -123,7 +123,16 @@ ModelSpec SpecFrom(const Message& m) {
   return spec;
 }
 
-ModelSpec ModelSpecFromProto(const v1::LoadModelRequest& request) { return SpecFrom(request); }
-ModelSpec ModelSpecFromProto(const v1::ModelConfigEntry& entry) { return SpecFrom(entry); }
+ModelSpec ModelSpecFromProto(const v1::LoadModelRequest& request) {
+  ModelSpec spec = SpecFrom(request);
+  spec.chat_template = request.chat_template();
+  return spec;
+}
+
+ModelSpec ModelSpecFromProto(const v1::ModelConfigEntry& entry) {
+  ModelSpec spec = SpecFrom(entry);
+  spec.chat_template_file = entry.chat_template_file();
+  return spec;
+}
 
 }  // namespace kiln

@@ -28,6 +28,10 @@ struct ModelSpec {
   TensorizerSpec tensorizer;
   uint64_t kv_cache_bytes = 0;  // KV pool budget; 0 = the server's
   bool prefix_caching = true;
+  // A chat template replacing the checkpoint's default: its text, or a server-side file read
+  // at load (the text wins when both are set). "" = the checkpoint's.
+  std::string chat_template;
+  std::string chat_template_file;
 };
 
 // InvalidArgument naming the field at fault (name, path, format, dtype, backend, tensorizer.*).

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "grpcpp/ext/proto_server_reflection_plugin.h"
@@ -13,10 +14,12 @@
 #include "grpcpp/resource_quota.h"
 #include "grpcpp/security/server_credentials.h"
 #include "grpcpp/server_builder.h"
+#include "http/http_server.h"
 #include "server/auth.h"
 #include "server/inference_service.h"
 #include "server/metrics.h"
 #include "server/models_service.h"
+#include "server/openai_service.h"
 
 namespace kiln {
 namespace {
@@ -53,6 +56,10 @@ absl::Status ValidateOptions(const ServerOptions& options) {
     return absl::InvalidArgumentError(
         absl::StrCat("metrics_listen: '", options.metrics_listen, "' is not HOST:PORT"));
   }
+  if (!options.http_listen.empty() && options.http_listen.rfind(':') == std::string::npos) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("http_listen: '", options.http_listen, "' is not HOST:PORT"));
+  }
   if (options.engine.max_running < 1) {
     return absl::InvalidArgumentError("max_running_sequences must be at least 1");
   }
@@ -80,6 +87,10 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(ServerOptions options
   if (!options.admin_token_file.empty()) {
     KILN_ASSIGN_OR_RETURN(admin_token, ReadAdminTokenFile(options.admin_token_file));
   }
+  std::string api_key = options.api_key;
+  if (!options.api_key_file.empty()) {
+    KILN_ASSIGN_OR_RETURN(api_key, ReadAdminTokenFile(options.api_key_file, "API key file"));
+  }
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<grpc::ServerCredentials> credentials,
                         MakeCredentials(options));
 
@@ -98,8 +109,11 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(ServerOptions options
     if (!loaded.ok()) LOG(ERROR) << "startup model '" << spec.name << "': " << loaded.status();
   }
 
-  if (!options.metrics_listen.empty()) {
+  // The HTTP API records into the same kiln_* series (and serves them at its /metrics too).
+  if (!options.metrics_listen.empty() || !options.http_listen.empty()) {
     server->metrics_ = std::make_unique<ServerMetrics>(server->registry_.get());
+  }
+  if (!options.metrics_listen.empty()) {
     ServerMetrics* metrics = server->metrics_.get();
     absl::StatusOr<std::unique_ptr<MetricsHttpServer>> http =
         MetricsHttpServer::Start(options.metrics_listen, [metrics] { return metrics->Render(); });
@@ -150,6 +164,24 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(ServerOptions options
   }
   server->port_ = port;
   server->address_ = absl::StrCat(options.listen.substr(0, options.listen.rfind(':')), ":", port);
+  if (!options.http_listen.empty()) {
+    OpenAiServiceOptions openai_options;
+    openai_options.api_key = api_key;
+    openai_options.metrics = server->metrics_.get();
+    server->openai_ =
+        std::make_unique<OpenAiService>(server->registry_.get(), std::move(openai_options));
+    OpenAiService* openai = server->openai_.get();
+    absl::StatusOr<std::unique_ptr<HttpServer>> http = HttpServer::Start(
+        options.http_listen, [openai](HttpRequest request, std::shared_ptr<ResponseStream> out) {
+          openai->Handle(std::move(request), std::move(out));
+        });
+    if (!http.ok()) return KilnAnnotate(http.status(), "http_listen");  // ~RunningServer stops
+    server->http_ = *std::move(http);
+    server->http_port_ = server->http_->port();
+    server->http_address_ = server->http_->address();
+    LOG(INFO) << "OpenAI API on http://" << server->http_address_ << "/v1"
+              << (api_key.empty() ? " (open)" : " (needs the API key)");
+  }
   grpc::HealthCheckServiceInterface* health = server->server_->GetHealthCheckService();
   if (health != nullptr) {
     health->SetServingStatus("", true);
@@ -180,6 +212,8 @@ std::string RunningServer::ReadyLine() const {
                    " (models: ", ready.empty() ? "none" : absl::StrJoin(ready, ", "));
   if (!failed.empty()) absl::StrAppend(&line, "; failed: ", absl::StrJoin(failed, ", "));
   absl::StrAppend(&line, ")");
+  if (!http_address_.empty())
+    absl::StrAppend(&line, "; OpenAI API on http://", http_address_, "/v1");
   if (!metrics_address_.empty()) {
     absl::StrAppend(&line, "; metrics on http://", metrics_address_, "/metrics");
   }
@@ -194,6 +228,7 @@ void RunningServer::Shutdown() {
   }
   if (server_ == nullptr) {
     if (registry_ != nullptr) registry_->Shutdown();
+    if (http_ != nullptr) http_->Shutdown(absl::ZeroDuration());
     metrics_http_.reset();
     return;
   }
@@ -202,8 +237,17 @@ void RunningServer::Shutdown() {
   if (grpc::HealthCheckServiceInterface* health = server_->GetHealthCheckService()) {
     health->Shutdown();  // every service reports NOT_SERVING from now on
   }
-  server_->Shutdown(std::chrono::system_clock::now() + absl::ToChronoNanoseconds(shutdown_grace_));
+  if (openai_ != nullptr) openai_->StopServing();
+  if (http_ != nullptr) http_->StopAccepting();
+  const absl::Time deadline = absl::Now() + shutdown_grace_;
+  server_->Shutdown(absl::ToChronoTime(deadline));
+  // HTTP requests still answering get what is left of the grace too.
+  while (http_ != nullptr && http_->active_requests() > 0 && absl::Now() < deadline) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  // Stopping the engines cancels what still runs: HTTP streams end with an error event.
   registry_->Shutdown();
+  if (http_ != nullptr) http_->Shutdown(absl::Seconds(2));
   metrics_http_.reset();  // frees its port
   LOG(INFO) << "shut down";
 }

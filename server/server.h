@@ -17,9 +17,11 @@
 
 namespace kiln {
 
+class HttpServer;
 class InferenceService;
 class MetricsHttpServer;
 class ModelsService;
+class OpenAiService;
 class ServerMetrics;
 
 struct ServerOptions {
@@ -36,6 +38,12 @@ struct ServerOptions {
   std::string tls_key_file;
   // HOST:PORT of the Prometheus endpoint (HTTP GET /metrics); "" = off; port 0 picks a free one.
   std::string metrics_listen;
+  // HOST:PORT of the OpenAI-compatible HTTP API; "" = off; port 0 picks a free one.
+  std::string http_listen;
+  // Bearer token the HTTP API's /v1/* requires ("" = open), as vLLM's --api-key; a file holding
+  // it is read at start and overrides it.
+  std::string api_key;
+  std::string api_key_file;
   // gRPC sync-server threads: each open Generate stream holds one, so this bounds concurrent
   // streams (requests queue in the engine, not here: see EngineOptions::max_queued).
   int max_threads = 2048;
@@ -60,13 +68,19 @@ class RunningServer {
   // The metrics endpoint's bound port and HOST:PORT; 0 and "" when it is off.
   int metrics_port() const { return metrics_port_; }
   const std::string& metrics_address() const { return metrics_address_; }
+  // The OpenAI HTTP API's bound port and HOST:PORT; 0 and "" when it is off.
+  int http_port() const { return http_port_; }
+  const std::string& http_address() const { return http_address_; }
   // "kiln-server: ready on 127.0.0.1:50051 (models: default)", with
-  // "; metrics on http://127.0.0.1:9090/metrics" appended when the endpoint is on.
+  // "; OpenAI API on http://127.0.0.1:8000/v1" and "; metrics on http://127.0.0.1:9090/metrics"
+  // appended when those are on.
   std::string ReadyLine() const;
   ModelRegistry& registry() { return *registry_; }
 
-  // Graceful: health goes NOT_SERVING, no new calls are accepted, in-flight calls get
-  // shutdown_grace to finish and are then cancelled, then every engine stops. Idempotent.
+  // Graceful: health goes NOT_SERVING (HTTP /health 503), no new calls or connections are
+  // accepted, in-flight calls and HTTP requests get shutdown_grace to finish and are then
+  // cancelled (HTTP streams end with an error event and [DONE]), then every engine stops.
+  // Idempotent.
   void Shutdown();
   // Returns once the server has shut down.
   void Wait();
@@ -84,6 +98,10 @@ class RunningServer {
   std::unique_ptr<MetricsHttpServer> metrics_http_;  // stopped by Shutdown
   int metrics_port_ = 0;
   std::string metrics_address_;
+  std::unique_ptr<OpenAiService> openai_;
+  std::unique_ptr<HttpServer> http_;  // stopped by Shutdown
+  int http_port_ = 0;
+  std::string http_address_;
   int port_ = 0;
   std::string address_;
   absl::Mutex shutdown_mutex_;

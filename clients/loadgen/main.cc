@@ -1,5 +1,6 @@
-// kiln-loadgen: a load generator for kiln-server's Generate RPC (closed loop, open loop, rate
-// sweeps), reporting latency percentiles, throughput, goodput and errors. See --help.
+// kiln-loadgen: a load generator for kiln-server's Generate RPC or an OpenAI-compatible HTTP
+// server (closed loop, open loop, rate sweeps), reporting latency percentiles, throughput,
+// goodput and errors. See --help.
 #include <exception>
 #include <fstream>
 #include <iostream>
@@ -12,6 +13,8 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/time.h"
+#include "clients/loadgen/http_runner.h"
+#include "clients/loadgen/openai.h"
 #include "clients/loadgen/options.h"
 #include "clients/loadgen/report.h"
 #include "clients/loadgen/runner.h"
@@ -54,6 +57,12 @@ absl::StatusOr<std::vector<std::shared_ptr<grpc::Channel>>> OpenChannels(
 
 std::vector<std::pair<std::string, std::string>> Settings(const LoadgenOptions& o) {
   std::vector<std::pair<std::string, std::string>> s;
+  if (o.protocol == Protocol::kOpenAi) {
+    s.emplace_back("protocol", "openai");
+    s.emplace_back("api", o.api == OpenAiApi::kChat ? "chat" : "completions");
+  } else {
+    s.emplace_back("protocol", "grpc");
+  }
   if (o.concurrency > 0) {
     s.emplace_back("concurrency", absl::StrCat(o.concurrency));
   } else {
@@ -74,7 +83,7 @@ std::vector<std::pair<std::string, std::string>> Settings(const LoadgenOptions& 
   s.emplace_back("ignore_eos", o.ignore_eos ? "true" : "false");
   s.emplace_back("temperature", absl::StrCat(o.temperature));
   s.emplace_back("seed", absl::StrCat(o.seed));
-  s.emplace_back("connections", absl::StrCat(o.connections));
+  if (o.protocol == Protocol::kGrpc) s.emplace_back("connections", absl::StrCat(o.connections));
   return s;
 }
 
@@ -100,16 +109,36 @@ int Main(int argc, char** argv) {
     std::cerr << "kiln-loadgen: " << prompts.status().message() << "\n";
     return kExitUsage;
   }
-  absl::StatusOr<std::vector<std::shared_ptr<grpc::Channel>>> channels = OpenChannels(options);
-  if (!channels.ok()) {
-    std::cerr << "kiln-loadgen: " << channels.status().message() << "\n";
-    return kExitUsage;
-  }
-  for (const std::shared_ptr<grpc::Channel>& channel : *channels) {
-    if (!channel->WaitForConnected(std::chrono::system_clock::now() +
-                                   absl::ToChronoNanoseconds(options.connect_timeout))) {
-      std::cerr << "kiln-loadgen: cannot connect to " << options.target << " within "
-                << absl::FormatDuration(options.connect_timeout) << "\n";
+  std::vector<std::shared_ptr<grpc::Channel>> channels;
+  OpenAiTarget http_target;
+  if (options.protocol == Protocol::kGrpc) {
+    absl::StatusOr<std::vector<std::shared_ptr<grpc::Channel>>> opened = OpenChannels(options);
+    if (!opened.ok()) {
+      std::cerr << "kiln-loadgen: " << opened.status().message() << "\n";
+      return kExitUsage;
+    }
+    channels = *std::move(opened);
+    for (const std::shared_ptr<grpc::Channel>& channel : channels) {
+      if (!channel->WaitForConnected(std::chrono::system_clock::now() +
+                                     absl::ToChronoNanoseconds(options.connect_timeout))) {
+        std::cerr << "kiln-loadgen: cannot connect to " << options.target << " within "
+                  << absl::FormatDuration(options.connect_timeout) << "\n";
+        return kExitFailed;
+      }
+    }
+  } else {
+    absl::StatusOr<HttpUrl> url = ParseHttpUrl(options.target);  // checked by ParseOptions
+    if (!url.ok()) {
+      std::cerr << "kiln-loadgen: --target: " << url.status().message() << "\n";
+      return kExitUsage;
+    }
+    http_target.url = *std::move(url);
+    http_target.api = options.api;
+    http_target.api_key = options.api_key;
+    http_target.connect_timeout = options.connect_timeout;
+    if (absl::Status probe = ProbeHttpTarget(http_target.url, options.connect_timeout);
+        !probe.ok()) {
+      std::cerr << "kiln-loadgen: " << probe.message() << "\n";
       return kExitFailed;
     }
   }
@@ -148,7 +177,9 @@ int Main(int argc, char** argv) {
     LiveCounters live;
     std::unique_ptr<ProgressLine> progress;
     if (show_progress) progress = std::make_unique<ProgressLine>(&live, PhaseLabel(config));
-    absl::StatusOr<PhaseResult> result = RunPhase(*channels, config, *prompts, &live);
+    absl::StatusOr<PhaseResult> result = options.protocol == Protocol::kGrpc
+                                             ? RunPhase(channels, config, *prompts, &live)
+                                             : RunHttpPhase(http_target, config, *prompts, &live);
     progress.reset();
     if (!result.ok()) {
       std::cerr << "kiln-loadgen: " << result.status().message() << "\n";

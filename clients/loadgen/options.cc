@@ -78,14 +78,30 @@ struct Flag {
 
 const std::vector<Flag>& Flags() {
   static const std::vector<Flag> flags = {
-      {"target", "HOST:PORT", "kiln-server to load (default 127.0.0.1:50051)"},
+      {"protocol", "grpc|openai",
+       "grpc: kiln's Generate stream (the default); openai: an OpenAI-compatible HTTP server's "
+       "streaming /v1/completions or /v1/chat/completions (kiln's HTTP API, vLLM, llama.cpp's "
+       "llama-server)"},
+      {"target", "ADDRESS",
+       "grpc: HOST:PORT of a kiln-server (default 127.0.0.1:50051); openai: a base URL "
+       "http://HOST:PORT[/PREFIX] (default http://127.0.0.1:8000), requests go to "
+       "PREFIX/v1/completions or PREFIX/v1/chat/completions (a PREFIX ending in /v1 gets no "
+       "second one); https is refused: no TLS for HTTP in this version"},
       {"model", "NAME", "model to generate with (default \"default\")"},
-      {"tls", "", "connect with TLS, trusting the system's CA certificates"},
-      {"tls-ca", "FILE", "connect with TLS, trusting the CA certificates (PEM) in FILE"},
-      {"connections", "N", "gRPC connections to spread the streams over (default 1)"},
+      {"api", "completions|chat",
+       "openai: the endpoint (default completions). completions sends token-id prompts as an "
+       "array of ids and text as a string; chat sends one user message, a token-id prompt "
+       "becoming as many common words (so its length in tokens is approximate; the server's "
+       "usage gives the real one)"},
+      {"api-key", "KEY", "openai: sent as \"Authorization: Bearer KEY\""},
+      {"tls", "", "grpc: connect with TLS, trusting the system's CA certificates"},
+      {"tls-ca", "FILE", "grpc: connect with TLS, trusting the CA certificates (PEM) in FILE"},
+      {"connections", "N",
+       "grpc only: connections to spread the streams over (default 1); openai keeps a "
+       "connection per request in flight, alive and reused while the server allows"},
       {"connect-timeout", "DURATION", "wait this long for the server before giving up (10s)"},
       {"request-timeout", "DURATION", "deadline of each request (default 10m)"},
-      {"threads", "N", "completion-queue threads (default 2)"},
+      {"threads", "N", "completion-queue (grpc) or I/O (openai) threads (default 2)"},
       {"concurrency", "N",
        "closed loop: keep N requests in flight, each replaced as it ends (the default, N = 1, "
        "when no --rate is given)"},
@@ -111,7 +127,9 @@ const std::vector<Flag>& Flags() {
       {"prompts-file", "FILE.jsonl",
        "prompts from a file instead, one JSON object per line: {\"prompt\": \"text\"} or "
        "{\"prompt_ids\": [1, 2]}, optionally \"max_tokens\"; used in order, repeated as needed"},
-      {"ignore-eos", "BOOL", "generate max_tokens tokens whatever the model says (default true)"},
+      {"ignore-eos", "BOOL",
+       "generate max_tokens tokens whatever the model says (default true; openai: sent as "
+       "\"ignore_eos\", a vLLM and llama.cpp extension, only when true)"},
       {"temperature", "T", "sampling temperature (default 0: greedy)"},
       {"seed", "N", "seed of prompts, lengths and arrivals (default 0)"},
       {"goodput", "LIMITS",
@@ -145,16 +163,24 @@ absl::StatusOr<absl::Duration> ParseDurationFlag(const std::string& text, const 
 
 std::string HelpText() {
   std::string text =
-      "kiln-loadgen: load a kiln-server's Generate RPC and measure latency and throughput.\n\n"
+      "kiln-loadgen: load a kiln-server's Generate RPC, or an OpenAI-compatible HTTP server,\n"
+      "and measure latency and throughput.\n\n"
       "  kiln-loadgen --target HOST:PORT --model NAME [--concurrency N | --rate R | --rates "
       "R1,R2]\n"
       "               [--duration 20s | --requests N] [--warmup 2s] [--json F] [--csv F] "
-      "[--svg F]\n\n"
+      "[--svg F]\n"
+      "  kiln-loadgen --protocol openai --target http://HOST:PORT [--api chat] [--api-key K] "
+      "...\n\n"
       "Reports TTFT, inter-token latency (ITL), time per output token (TPOT) and end-to-end\n"
       "latency (mean, p50, p90, p95, p99), request and token throughput, goodput, and errors by\n"
-      "gRPC status code. Exit status: 0 when every counted request succeeded, 1 when any failed\n"
-      "(or none completed), 2 for a usage error. Flags take --name=value or --name value;\n"
-      "dashes and underscores are alike. DURATION: 20s, 500ms, 2m, or plain seconds.\n\nFlags:\n";
+      "gRPC status code, or over HTTP by label: http_STATUS (e.g. http_429), truncated (the\n"
+      "stream ended without [DONE] or a finish_reason), stream_error (an error event),\n"
+      "bad_response, timeout, connect_failed, connection_error. Over HTTP, streams ask for\n"
+      "usage (stream_options.include_usage): output tokens are its completion_tokens (else one\n"
+      "per content chunk), and a chunk carrying several tokens shares its gap among them.\n\n"
+      "Exit status: 0 when every counted request succeeded, 1 when any failed (or none\n"
+      "completed), 2 for a usage error. Flags take --name=value or --name value; dashes and\n"
+      "underscores are alike. DURATION: 20s, 500ms, 2m, or plain seconds.\n\nFlags:\n";
   for (const Flag& flag : Flags()) {
     const std::string value = flag.value_name == "BOOL" ? "[=true|false]"
                               : flag.value_name.empty() ? ""
@@ -187,7 +213,7 @@ absl::StatusOr<LoadgenOptions> ParseOptions(int argc, const char* const* argv) {
   LoadgenOptions o;
   LengthFlags input, output;
   std::optional<std::string> prompt_kind;
-  bool have_duration = false;
+  bool have_duration = false, have_target = false, have_api = false, have_connections = false;
 
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
@@ -211,8 +237,31 @@ absl::StatusOr<LoadgenOptions> ParseOptions(int argc, const char* const* argv) {
       value = argv[++i];
     }
     absl::Status status;
-    if (name == "target") {
+    if (name == "protocol") {
+      const std::string lower = absl::AsciiStrToLower(value);
+      if (lower == "grpc") {
+        o.protocol = Protocol::kGrpc;
+      } else if (lower == "openai" || lower == "http") {
+        o.protocol = Protocol::kOpenAi;
+      } else {
+        status = Bad(name, absl::StrCat("'", value, "' is not grpc or openai"));
+      }
+    } else if (name == "target") {
       o.target = value;
+      have_target = true;
+      if (value.empty()) status = Bad(name, "is empty");
+    } else if (name == "api") {
+      const std::string lower = absl::AsciiStrToLower(value);
+      have_api = true;
+      if (lower == "completions") {
+        o.api = OpenAiApi::kCompletions;
+      } else if (lower == "chat") {
+        o.api = OpenAiApi::kChat;
+      } else {
+        status = Bad(name, absl::StrCat("'", value, "' is not completions or chat"));
+      }
+    } else if (name == "api-key") {
+      o.api_key = value;
       if (value.empty()) status = Bad(name, "is empty");
     } else if (name == "model") {
       o.model = value;
@@ -223,6 +272,7 @@ absl::StatusOr<LoadgenOptions> ParseOptions(int argc, const char* const* argv) {
       o.tls_ca = value;
     } else if (name == "connections") {
       status = ParseInt(name, value, 1, &o.connections);
+      have_connections = true;
     } else if (name == "connect-timeout" || name == "request-timeout" || name == "duration" ||
                name == "warmup") {
       absl::StatusOr<absl::Duration> duration = ParseDurationFlag(value, name);
@@ -307,6 +357,29 @@ absl::StatusOr<LoadgenOptions> ParseOptions(int argc, const char* const* argv) {
     if (!status.ok()) return status;
   }
   if (o.help) return o;
+
+  if (o.protocol == Protocol::kOpenAi) {
+    if (!have_target) o.target = kDefaultOpenAiTarget;
+    if (absl::StatusOr<HttpUrl> url = ParseHttpUrl(o.target); !url.ok()) {
+      return Bad("target", std::string(url.status().message()));
+    }
+    if (o.tls || !o.tls_ca.empty()) {
+      return Bad(o.tls ? "tls" : "tls-ca",
+                 "applies to --protocol grpc: no TLS for HTTP in this version");
+    }
+    if (have_connections) {
+      return Bad("connections",
+                 "applies to --protocol grpc (openai keeps a connection per request in flight)");
+    }
+  } else {
+    if (have_api) return Bad("api", "applies to --protocol openai");
+    if (!o.api_key.empty()) return Bad("api-key", "applies to --protocol openai");
+    if (absl::StartsWithIgnoreCase(o.target, "http://") ||
+        absl::StartsWithIgnoreCase(o.target, "https://")) {
+      return Bad("target", absl::StrCat("'", o.target,
+                                        "' is a URL: for an HTTP server, add --protocol openai"));
+    }
+  }
 
   if (o.concurrency > 0 && !o.rates.empty()) {
     return absl::InvalidArgumentError(

@@ -8,21 +8,31 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "clients/loadgen/openai.h"
 #include "clients/loadgen/stats.h"
 #include "clients/loadgen/workload.h"
 
 namespace kiln::loadgen {
 
+// kiln's gRPC Generate stream, or an OpenAI-compatible HTTP API (kiln's, vLLM's, llama-server's).
+enum class Protocol { kGrpc, kOpenAi };
+
+inline constexpr char kDefaultGrpcTarget[] = "127.0.0.1:50051";
+inline constexpr char kDefaultOpenAiTarget[] = "http://127.0.0.1:8000";
+
 struct LoadgenOptions {
   // Connection.
-  std::string target = "127.0.0.1:50051";
+  Protocol protocol = Protocol::kGrpc;
+  std::string target = kDefaultGrpcTarget;  // openai: a base URL, checked by ParseHttpUrl
   std::string model = "default";
-  bool tls = false;
-  std::string tls_ca;  // PEM file; implies TLS
-  int connections = 1;
+  OpenAiApi api = OpenAiApi::kCompletions;  // openai only
+  std::string api_key;                      // openai only: "Authorization: Bearer KEY"
+  bool tls = false;                         // gRPC only
+  std::string tls_ca;                       // PEM file; implies TLS
+  int connections = 1;                      // gRPC only
   absl::Duration connect_timeout = absl::Seconds(10);
   absl::Duration request_timeout = absl::Minutes(10);
-  int threads = 2;  // completion-queue threads
+  int threads = 2;  // completion-queue (gRPC) or I/O (openai) threads
 
   // Load: closed loop (concurrency) or open loop (rates; one entry per sweep step).
   int concurrency = 0;

@@ -151,7 +151,7 @@ absl::Status WriteJson(const RunReport& report, const std::string& path) {
                           {"itl_s", itl},
                           {"input_tokens", r.input_tokens},
                           {"output_tokens", r.output_tokens},
-                          {"code", StatusCodeName(r.code)},
+                          {"code", r.code_name()},
                           {"error", r.error},
                           {"finish_reason", r.finish_reason}});
     }
@@ -185,8 +185,8 @@ absl::Status WriteCsv(const RunReport& report, const std::string& path) {
                   std::string(r.warmup ? "1" : "0"), absl::StrFormat("%.6f", r.start_seconds),
                   optional(r.ttft_seconds), absl::StrFormat("%.6f", r.e2e_seconds),
                   optional(r.tpot_seconds()), optional(itl_mean), optional(itl_max),
-                  absl::StrCat(r.input_tokens), absl::StrCat(r.output_tokens),
-                  StatusCodeName(r.code), CsvField(r.finish_reason), CsvField(r.error)},
+                  absl::StrCat(r.input_tokens), absl::StrCat(r.output_tokens), r.code_name(),
+                  CsvField(r.finish_reason), CsvField(r.error)},
                  ",")
           << "\n";
     }

@@ -11,7 +11,7 @@
 
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
-#include "clients/loadgen/runner.h"
+#include "clients/loadgen/phase.h"
 #include "clients/loadgen/stats.h"
 
 namespace kiln::loadgen {

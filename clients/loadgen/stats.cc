@@ -18,6 +18,10 @@ double RequestRecord::tpot_seconds() const {
   return (e2e_seconds - ttft_seconds) / (output_tokens - 1);
 }
 
+std::string RequestRecord::code_name() const {
+  return code_label.empty() ? StatusCodeName(code) : code_label;
+}
+
 std::string StatusCodeName(int code) {
   // The gRPC codes, which absl::StatusCode shares.
   return absl::StatusCodeToString(static_cast<absl::StatusCode>(code));
@@ -98,7 +102,7 @@ PhaseSummary SummarizePhase(const std::vector<RequestRecord>& records, double se
     ++summary.requests;
     if (!record.ok()) {
       ++summary.failed;
-      const std::string code = StatusCodeName(record.code);
+      const std::string code = record.code_name();
       ++summary.errors_by_code[code];
       summary.error_examples.emplace(code, record.error);
       continue;

@@ -22,10 +22,14 @@ struct RequestRecord {
   std::vector<double> itl_seconds;  // one per token after the first
   int32_t input_tokens = 0;         // the server's usage.prompt_tokens when it reported it
   int32_t output_tokens = 0;
-  int code = 0;               // gRPC status code (0 = OK)
+  int code = 0;               // gRPC status code (0 = OK); over HTTP, the nearest one
+  std::string code_label;     // over HTTP, what failed: "http_429", "truncated", ...
   std::string error;          // the status message when not OK
-  std::string finish_reason;  // "LENGTH", "EOS", ... ("" when the stream ended without one)
+  std::string finish_reason;  // gRPC: "LENGTH", "EOS", ...; HTTP: "length", "stop", ... ("" when
+                              // the stream ended without one)
   bool ok() const { return code == 0; }
+  // How reports name the outcome: the label when set, else the gRPC code's name ("OK", ...).
+  std::string code_name() const;
   // (e2e − ttft) / (output tokens − 1); -1 with fewer than two tokens.
   double tpot_seconds() const;
 };

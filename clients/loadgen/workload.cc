@@ -96,6 +96,14 @@ std::string LengthDistribution::ToString() const {
   return "?";
 }
 
+std::string WordsForIds(const std::vector<int32_t>& ids) {
+  std::string text;
+  for (size_t i = 0; i < ids.size(); ++i) {
+    absl::StrAppend(&text, i ? " " : "", kWords[static_cast<uint32_t>(ids[i]) % kWords.size()]);
+  }
+  return text;
+}
+
 absl::StatusOr<std::vector<FilePrompt>> LoadPromptsFile(const std::string& path) {
   std::ifstream in(path);
   if (!in) return absl::NotFoundError(absl::StrCat("--prompts-file: cannot read ", path));

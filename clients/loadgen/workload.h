@@ -49,6 +49,11 @@ struct RequestSpec {
   int32_t input_tokens = 0;  // ids: exact; text: the number of words (the server reports more)
 };
 
+// Text for a token-id prompt where only text can go (a chat message): one word per id, the id's
+// word in a fixed list of 64 common words (id mod 64), so that the prompt's length in the
+// server's tokens is near the number of ids, not equal to it (its usage reports the real one).
+std::string WordsForIds(const std::vector<int32_t>& ids);
+
 // A line of a prompts file: {"prompt": "..."} or {"prompt_ids": [1, 2]}, optional "max_tokens".
 struct FilePrompt {
   std::optional<std::string> text;

@@ -11,6 +11,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_split.h"
+#include "clients/loadgen/http_runner.h"
 #include "clients/loadgen/options.h"
 #include "clients/loadgen/report.h"
 #include "clients/loadgen/runner.h"
@@ -558,6 +559,57 @@ TEST(LoadgenChartTest, NiceTicks) {
   // An empty chart still renders its axes.
   std::string why;
   EXPECT_TRUE(WellFormed(RenderChart("empty", {ChartPanel{"p", "x", "y", true, {}}}), &why)) << why;
+}
+
+// ---- the OpenAI HTTP runner against kiln's own HTTP API ------------------------------------
+
+TEST(LoadgenKilnHttpTest, CompletionsStreamsAreMeasuredAndChatErrorsCounted) {
+  ServerOptions options = TestServerOptions();
+  options.http_listen = "127.0.0.1:0";
+  options.models = {{"plain", "plain", "", ""}, {"text", "text", "", ""}};
+  std::unique_ptr<TestServer> server = TestServer::Start(options);
+  ASSERT_NE(server, nullptr);
+  absl::StatusOr<HttpUrl> url =
+      ParseHttpUrl(absl::StrCat("http://127.0.0.1:", server->server().http_port()));
+  ASSERT_TRUE(url.ok()) << url.status();
+  OpenAiTarget target;
+  target.url = *url;
+  ASSERT_TRUE(ProbeHttpTarget(target.url, absl::Seconds(5)).ok());
+
+  constexpr int kRequests = 12, kMaxTokens = 6, kInput = 5;
+  PhaseConfig config;
+  config.model = "text";
+  config.concurrency = 4;
+  config.requests = kRequests;
+  WorkloadOptions workload;
+  workload.input = LengthDistribution::Fixed(kInput);
+  workload.output = LengthDistribution::Fixed(kMaxTokens);
+  PromptSource prompts = *PromptSource::Create(workload);
+  absl::StatusOr<PhaseResult> result = RunHttpPhase(target, config, prompts);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const PhaseSummary s = SummarizePhase(result->records, result->measured_seconds, {});
+  EXPECT_EQ(s.succeeded, kRequests);
+  EXPECT_EQ(s.failed, 0);
+  EXPECT_EQ(s.output_tokens, kRequests * kMaxTokens);  // the server's usage
+  EXPECT_EQ(s.input_tokens, kRequests * kInput);
+  // TTFT needs a chunk with text; a random-weight model's tokens may all decode to nothing
+  // (reserved special tokens), so not every request has one.
+  EXPECT_GT(s.ttft.count, 0);
+  EXPECT_LE(s.ttft.count, kRequests);
+  for (const RequestRecord& r : result->records) EXPECT_EQ(r.finish_reason, "length");
+  EXPECT_EQ(server_test::StatsOf(server->registry(), "text").running, 0);
+
+  // "plain" has neither tokenizer nor chat template: every chat request is a counted 400.
+  target.api = OpenAiApi::kChat;
+  config.model = "plain";
+  config.requests = 3;
+  config.failure_backoff = absl::ZeroDuration();
+  result = RunHttpPhase(target, config, prompts);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const PhaseSummary chat = SummarizePhase(result->records, result->measured_seconds, {});
+  EXPECT_EQ(chat.succeeded, 0);
+  EXPECT_EQ(chat.failed, 3);
+  EXPECT_EQ(chat.errors_by_code.count("http_400"), 1u);
 }
 
 }  // namespace

@@ -465,7 +465,7 @@ class Test:
                     return float(line.rsplit(" ", 1)[1])
             return 0.0
 
-        ok = 'kiln_requests_total{model="tiny",code="OK",finish_reason="length"}'
+        ok = 'kiln_requests_total{model="tiny",code="OK",finish_reason="length",protocol="grpc"}'
         tokens = 'kiln_generation_tokens_total{model="tiny"}'
         ttft = 'kiln_time_to_first_token_seconds_count{model="tiny"}'
         before = scrape()
@@ -548,6 +548,14 @@ class Test:
         expect("READY" in out and "backend" in out, f"`models load`: {out!r}")
         out, _ = self.kiln("models", "unload", "tiny3", self.server_flag(), token)
         expect("tiny3" in out, f"`models unload`: {out!r}")
+        # --chat_template sends the file's text: one that does not parse fails that load.
+        bad_template = os.path.join(self.tmp, "bad.jinja")
+        with open(bad_template, "w") as f:
+            f.write("{% for m in messages %}{{ m.content }}")
+        out, err = self.kiln("models", "load", "tiny4", self.model_dir,
+                             f"--chat_template={bad_template}", self.server_flag(), token,
+                             expect_rc=-1)
+        expect("chat template" in out + err, f"`models load --chat_template`: {out!r} {err!r}")
 
     def cli_tensorize(self):
         # `kiln tensorize` (local) writes a native file that the server loads on its own; the

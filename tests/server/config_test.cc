@@ -1,6 +1,7 @@
 // ServerConfig text format, the flag helpers of main.cc, and the status mapping.
 #include "server/config.h"
 
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "server/grpc_status.h"
 #include "tests/loaders/test_util.h"
@@ -150,6 +151,35 @@ TEST(ConfigTest, ModelFlags) {
   ASSERT_EQ(models.size(), 3u);
   EXPECT_EQ(models[0].path, "3");
   EXPECT_EQ(models[2].name, "c");
+}
+
+TEST(ConfigTest, HttpApiAndChatTemplates) {
+  absl::StatusOr<v1::ServerConfig> config = ParseServerConfig(R"pb(
+    http_listen: "0.0.0.0:8000"
+    api_key_file: "secrets/api_key"
+    models { name: "a" path: "a" chat_template_file: "templates/chatml.jinja" }
+    models { name: "b" path: "b" }
+  )pb");
+  ASSERT_TRUE(config.ok()) << config.status();
+  ServerOptions options;
+  ASSERT_TRUE(ApplyServerConfig(*config, "/etc/kiln", &options).ok());
+  EXPECT_EQ(options.http_listen, "0.0.0.0:8000");
+  EXPECT_EQ(options.api_key_file, "/etc/kiln/secrets/api_key");
+  ASSERT_EQ(options.models.size(), 2u);
+  EXPECT_EQ(options.models[0].chat_template_file, "/etc/kiln/templates/chatml.jinja");
+  EXPECT_EQ(options.models[1].chat_template_file, "");
+
+  // --chat-template NAME=FILE for one model, FILE for every one.
+  ASSERT_TRUE(ApplyChatTemplateFlag("b=/t/b.jinja", &options.models).ok());
+  EXPECT_EQ(options.models[1].chat_template_file, "/t/b.jinja");
+  EXPECT_EQ(options.models[0].chat_template_file, "/etc/kiln/templates/chatml.jinja");
+  ASSERT_TRUE(ApplyChatTemplateFlag("/t/all=of.jinja", &options.models).ok());
+  EXPECT_EQ(options.models[0].chat_template_file, "/t/all=of.jinja");
+  EXPECT_EQ(options.models[1].chat_template_file, "/t/all=of.jinja");
+  std::vector<ModelSpec> none;
+  const absl::Status status = ApplyChatTemplateFlag("x.jinja", &none);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "no startup model")) << status;
 }
 
 TEST(GrpcStatusTest, OneMappingForEveryCode) {

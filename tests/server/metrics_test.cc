@@ -260,11 +260,12 @@ TEST_F(MetricsEndpointTest, GenerateMovesCountersAndHistograms) {
     return std::isnan(v) ? 0.0 : v;  // a series appears with its first observation
   };
   const std::string ok =
-      "kiln_requests_total{model=\"plain\",code=\"OK\",finish_reason=\"length\"}";
+      "kiln_requests_total{model=\"plain\",code=\"OK\",finish_reason=\"length\",protocol=\"grpc\"}";
   const std::string not_found =
-      "kiln_requests_total{model=\"\",code=\"NOT_FOUND\",finish_reason=\"none\"}";
+      "kiln_requests_total{model=\"\",code=\"NOT_FOUND\",finish_reason=\"none\",protocol=\"grpc\"}";
   const std::string invalid_series =
-      "kiln_requests_total{model=\"plain\",code=\"INVALID_ARGUMENT\",finish_reason=\"none\"}";
+      "kiln_requests_total{model=\"plain\",code=\"INVALID_ARGUMENT\",finish_reason=\"none\","
+      "protocol=\"grpc\"}";
   const std::string generated = "kiln_generation_tokens_total{model=\"plain\"}";
   const std::string prompt = "kiln_prompt_tokens_total{model=\"plain\"}";
   const std::string ttft = "kiln_time_to_first_token_seconds_count{model=\"plain\"}";
