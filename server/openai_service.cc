@@ -12,6 +12,7 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "server/auth.h"
+#include "server/handler_util.h"
 #include "server/openai_errors.h"
 #include "server/openai_format.h"
 #include "server/openai_generation.h"
@@ -202,23 +203,11 @@ absl::StatusOr<OpenAiGeneration> MakeGeneration(OpenAiApi api, const OpenAiSampl
   return generation;
 }
 
+// Errors of a handler that has not answered become its error response.
 template <typename Body>
 void Answer(const char* what, const std::shared_ptr<ResponseStream>& response, Body&& body) {
-  absl::Status status;
-  try {
-    status = body();
-  } catch (const std::bad_alloc&) {
-    status = absl::ResourceExhaustedError(absl::StrCat(what, ": out of memory"));
-  } catch (const std::exception& e) {
-    status = absl::InternalError(absl::StrCat(what, ": ", e.what()));
-  }
-  if (status.ok()) return;
-  if (status.code() == absl::StatusCode::kInternal) {
-    LOG(ERROR) << what << ": " << status;
-  } else {
-    VLOG(1) << what << ": " << status;
-  }
-  response->Respond(ErrorResponse(status));
+  const absl::Status status = RunCatching(what, std::forward<Body>(body));
+  if (!status.ok()) response->Respond(ErrorResponse(status));
 }
 
 }  // namespace

@@ -435,7 +435,9 @@ TEST_F(OpenAiServiceTest, AFullQueueIs429AndAModelNotReadyIs503) {
   // /v1/models lists READY models only.
   absl::StatusOr<Response> models = http_test::Request(port, "GET", "/v1/models");
   ASSERT_TRUE(models.ok());
-  for (const Json& model : models->Json()["data"]) EXPECT_NE(model["id"], "broken");
+  const Json listed = models->Json();
+  ASSERT_FALSE(listed["data"].empty());
+  for (const Json& model : listed["data"]) EXPECT_NE(model["id"], "broken");
 }
 
 TEST_F(OpenAiServiceTest, ModelsHealthVersionTokenize) {
