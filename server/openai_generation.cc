@@ -143,9 +143,8 @@ void Job::OnUpdate(size_t index, GenerationUpdate update) {
         if (!answered_ && !client_gone_) to_cancel = Fail(end);
       }
     }
-    if (answered_ || client_gone_) {
-      // Nothing more to say (an error was answered, or nobody listens).
-    } else {
+    // Once an error was answered, or nobody listens, there is nothing more to say.
+    if (!answered_ && !client_gone_) {
       if (last) {
         choice.finish = update.finish;
         choice.cached_prompt_tokens = update.cached_prompt_tokens;

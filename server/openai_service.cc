@@ -286,11 +286,11 @@ void OpenAiService::Handle(HttpRequest request, std::shared_ptr<ResponseStream> 
     return;
   }
   if (path == "/tokenize") {
-    if (route(post)) response->Respond(Tokenize(request));
+    if (route(post)) Tokenize(request, response);
     return;
   }
   if (path == "/detokenize") {
-    if (route(post)) response->Respond(Detokenize(request));
+    if (route(post)) Detokenize(request, response);
     return;
   }
   response->Respond(ErrorResponse(absl::NotFoundError(
@@ -374,8 +374,9 @@ HttpResponse OpenAiService::Model(const std::string& name) const {
   return JsonResponse(ModelJson(*model));
 }
 
-HttpResponse OpenAiService::Tokenize(const HttpRequest& request) const {
-  absl::StatusOr<HttpResponse> response = [&]() -> absl::StatusOr<HttpResponse> {
+void OpenAiService::Tokenize(const HttpRequest& request,
+                             const std::shared_ptr<ResponseStream>& response) const {
+  Answer("tokenize", response, [&]() -> absl::Status {
     KILN_ASSIGN_OR_RETURN(TokenizeRequest tokenize, ParseTokenizeRequest(request.body));
     KILN_ASSIGN_OR_RETURN(ModelSnapshot model, ReadyModel(*registry_, tokenize.model));
     KILN_RETURN_IF_ERROR(RequireTokenizer(model, "/tokenize"));
@@ -395,21 +396,22 @@ HttpResponse OpenAiService::Tokenize(const HttpRequest& request) const {
       for (int32_t id : ids) strs.push_back(model.tokenizer->IdToToken(id).value_or(""));
       body["token_strs"] = std::move(strs);
     }
-    return JsonResponse(body);
-  }();
-  return response.ok() ? *std::move(response) : ErrorResponse(response.status());
+    response->Respond(JsonResponse(body));
+    return absl::OkStatus();
+  });
 }
 
-HttpResponse OpenAiService::Detokenize(const HttpRequest& request) const {
-  absl::StatusOr<HttpResponse> response = [&]() -> absl::StatusOr<HttpResponse> {
+void OpenAiService::Detokenize(const HttpRequest& request,
+                               const std::shared_ptr<ResponseStream>& response) const {
+  Answer("detokenize", response, [&]() -> absl::Status {
     KILN_ASSIGN_OR_RETURN(DetokenizeRequest detokenize, ParseDetokenizeRequest(request.body));
     KILN_ASSIGN_OR_RETURN(ModelSnapshot model, ReadyModel(*registry_, detokenize.model));
     KILN_RETURN_IF_ERROR(RequireTokenizer(model, "/detokenize"));
     absl::StatusOr<std::string> text = model.tokenizer->Decode(detokenize.tokens);
     if (!text.ok()) return KilnAnnotate(text.status(), "tokens");
-    return JsonResponse(Json{{"prompt", *std::move(text)}});
-  }();
-  return response.ok() ? *std::move(response) : ErrorResponse(response.status());
+    response->Respond(JsonResponse(Json{{"prompt", *std::move(text)}}));
+    return absl::OkStatus();
+  });
 }
 
 }  // namespace kiln

@@ -43,8 +43,9 @@ class OpenAiService {
   HttpResponse Models() const;
   HttpResponse Model(const std::string& name) const;
   HttpResponse Health() const;
-  HttpResponse Tokenize(const HttpRequest& request) const;
-  HttpResponse Detokenize(const HttpRequest& request) const;
+  void Tokenize(const HttpRequest& request, const std::shared_ptr<ResponseStream>& response) const;
+  void Detokenize(const HttpRequest& request,
+                  const std::shared_ptr<ResponseStream>& response) const;
 
   ModelRegistry* const registry_;
   const OpenAiServiceOptions options_;

@@ -318,27 +318,36 @@ class Parser {
     return e;
   }
 
-  // `operand (keyword operand)*`, left-associative: `or` over `and` over `not`.
-  absl::StatusOr<ExprPtr> ParseKeywordChain(const char* keyword, Expr::Kind kind,
-                                            absl::StatusOr<ExprPtr> (Parser::*operand)()) {
+  // `operand (op operand)*`, left-associative, for the operators `ops`: keywords (`or`, `and`)
+  // or symbols (`+`, `*`, ...). Each level of the precedence ladder is one of these.
+  absl::StatusOr<ExprPtr> ParseLeftChain(std::initializer_list<absl::string_view> ops,
+                                         bool keywords, Expr::Kind kind,
+                                         absl::StatusOr<ExprPtr> (Parser::*operand)()) {
+    auto at_op = [&] {
+      for (absl::string_view op : ops) {
+        if (keywords ? IsName(op) : IsOp(op)) return true;
+      }
+      return false;
+    };
     Chain chain{this};
     KILN_ASSIGN_OR_RETURN(ExprPtr e, (this->*operand)());
-    while (IsName(keyword)) {
+    while (at_op()) {
       Pos p = Cur().pos;
       KILN_RETURN_IF_ERROR(chain.Add(p));
+      std::string op = Cur().text;
       Next();
       KILN_ASSIGN_OR_RETURN(ExprPtr r, (this->*operand)());
-      e = Binary(kind, keyword, p, std::move(e), std::move(r));
+      e = Binary(kind, op, p, std::move(e), std::move(r));
     }
     return e;
   }
 
   absl::StatusOr<ExprPtr> ParseOr() {
-    return ParseKeywordChain("or", Expr::Kind::kOr, &Parser::ParseAnd);
+    return ParseLeftChain({"or"}, /*keywords=*/true, Expr::Kind::kOr, &Parser::ParseAnd);
   }
 
   absl::StatusOr<ExprPtr> ParseAnd() {
-    return ParseKeywordChain("and", Expr::Kind::kAnd, &Parser::ParseNot);
+    return ParseLeftChain({"and"}, /*keywords=*/true, Expr::Kind::kAnd, &Parser::ParseNot);
   }
 
   absl::StatusOr<ExprPtr> ParseNot() {
@@ -390,17 +399,7 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseMath1() {
-    Chain chain{this};
-    KILN_ASSIGN_OR_RETURN(ExprPtr e, ParseConcat());
-    while (IsOp("+") || IsOp("-")) {
-      Pos p = Cur().pos;
-      KILN_RETURN_IF_ERROR(chain.Add(p));
-      std::string op = Cur().text;
-      Next();
-      KILN_ASSIGN_OR_RETURN(ExprPtr r, ParseConcat());
-      e = Binary(Expr::Kind::kBinary, op, p, std::move(e), std::move(r));
-    }
-    return e;
+    return ParseLeftChain({"+", "-"}, false, Expr::Kind::kBinary, &Parser::ParseConcat);
   }
 
   absl::StatusOr<ExprPtr> ParseConcat() {
@@ -416,31 +415,14 @@ class Parser {
   }
 
   absl::StatusOr<ExprPtr> ParseMath2() {
-    Chain chain{this};
-    KILN_ASSIGN_OR_RETURN(ExprPtr e, ParsePow());
-    while (IsOp("*") || IsOp("/") || IsOp("//") || IsOp("%")) {
-      Pos p = Cur().pos;
-      KILN_RETURN_IF_ERROR(chain.Add(p));
-      std::string op = Cur().text;
-      Next();
-      KILN_ASSIGN_OR_RETURN(ExprPtr r, ParsePow());
-      e = Binary(Expr::Kind::kBinary, op, p, std::move(e), std::move(r));
-    }
-    return e;
+    return ParseLeftChain({"*", "/", "//", "%"}, false, Expr::Kind::kBinary, &Parser::ParsePow);
   }
 
   absl::StatusOr<ExprPtr> ParsePow() {
-    Chain chain{this};
-    KILN_ASSIGN_OR_RETURN(ExprPtr e, ParseUnary(true));
-    while (IsOp("**")) {
-      Pos p = Cur().pos;
-      KILN_RETURN_IF_ERROR(chain.Add(p));
-      Next();
-      KILN_ASSIGN_OR_RETURN(ExprPtr r, ParseUnary(true));
-      e = Binary(Expr::Kind::kBinary, "**", p, std::move(e), std::move(r));
-    }
-    return e;
+    return ParseLeftChain({"**"}, false, Expr::Kind::kBinary, &Parser::ParseUnaryWithFilter);
   }
+
+  absl::StatusOr<ExprPtr> ParseUnaryWithFilter() { return ParseUnary(true); }
 
   absl::StatusOr<ExprPtr> ParseUnary(bool with_filter) {
     Pos p = Cur().pos;
