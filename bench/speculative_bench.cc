@@ -1,4 +1,5 @@
-// Speculative decoding through the engine on a Qwen2.5-0.5B-shaped bf16 model (as
+// Speculative decoding through the engine. With --model DIR, drafts from that model's own MTP
+// head on held-out text (speculative_mtp.cc). Without, on a Qwen2.5-0.5B-shaped bf16 model (as
 // decode_bench): decode tokens/s without speculation, with drafts that are always rejected
 // (the overhead of verifying k + 1 positions; goal ≤ 10%), with drafts that are always right
 // (the upper bound), and with drafts right with probability α per token. The drafts come from a
@@ -6,6 +7,8 @@
 // printed shows it. From the measured cost of one verification step the bench predicts
 // tokens/s at a given acceptance, with and without the estimated cost of an MTP head (one
 // decoder layer + the LM head per draft token), and checks the prediction against the α runs.
+#include "bench/speculative_bench.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -14,10 +17,12 @@
 #include <memory>
 #include <vector>
 
+#include "absl/flags/declare.h"
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/synchronization/notification.h"
 #include "base/logging.h"
+#include "base/status_macros.h"
 #include "bench/bench_model.h"
 #include "bench/bench_util.h"
 #include "clients/synth.h"
@@ -34,24 +39,15 @@ ABSL_FLAG(int32_t, decode_tokens, 64, "tokens generated per request");
 ABSL_FLAG(int32_t, draft_tokens, 4, "draft tokens per step (k)");
 ABSL_FLAG(int32_t, batch, 1, "concurrent requests");
 ABSL_FLAG(int32_t, repeats, 3, "repetitions per measurement (the median is printed)");
+ABSL_DECLARE_FLAG(std::string, model);
 
 namespace kiln {
-namespace {
-
-using bench::Median;
-
-struct Run {
-  double decode_seconds = 0;  // first token → last token, slowest request
-  int64_t decoded = 0;        // tokens after the first, all requests
-  uint64_t steps = 0;         // target forwards, prefill steps excluded
-  double draft_seconds = 0;
-  SpeculativeStats speculative;
-  std::vector<std::vector<int32_t>> outputs;
-};
+namespace bench {
 
 absl::StatusOr<Run> Generate(std::shared_ptr<const PreparedModel> model,
                              const std::vector<std::vector<int32_t>>& prompts, int32_t tokens,
-                             std::shared_ptr<DraftSource> source, int32_t k) {
+                             std::shared_ptr<DraftSource> source, int32_t k,
+                             const SamplingParams& sampling) {
   EngineOptions options;
   options.max_running = static_cast<int32_t>(prompts.size());
   options.max_step_tokens = 1 << 20;  // every prompt prefilled in the first step
@@ -69,6 +65,8 @@ absl::StatusOr<Run> Generate(std::shared_ptr<const PreparedModel> model,
   for (const std::vector<int32_t>& prompt : prompts) {
     GenerationRequest request;
     request.prompt = prompt;
+    request.sampling = sampling;
+    request.sampling.seed = sampling.seed.value_or(0) + streams.size();
     request.stopping.max_tokens = tokens;
     request.stopping.ignore_eos = true;
     request.num_draft_tokens = k;
@@ -100,8 +98,47 @@ absl::StatusOr<Run> Generate(std::shared_ptr<const PreparedModel> model,
   run.steps = stats.steps - 1;  // the prefill step
   run.draft_seconds = stats.draft_seconds;
   run.speculative = stats.speculative;
+  run.verifications = stats.verifications;
+  run.accepted_at_position.assign(stats.accepted_at_position.begin(),
+                                  stats.accepted_at_position.end());
   return run;
 }
+
+absl::StatusOr<std::vector<double>> ForwardSeconds(const PreparedModel& model,
+                                                   std::span<const int32_t> prompt,
+                                                   const std::vector<int32_t>& rows, int rounds) {
+  const int32_t most = *std::max_element(rows.begin(), rows.end());
+  KILN_ASSIGN_OR_RETURN(KvCache cache, model.NewCache(static_cast<int64_t>(prompt.size()) + most));
+  std::vector<float> logits;
+  SequenceChunk chunk{&cache, prompt, false};
+  KILN_RETURN_IF_ERROR(model.Forward({&chunk, 1}, &logits));
+  const std::vector<int32_t> positions(static_cast<size_t>(most), 7);
+  std::vector<std::vector<double>> samples(rows.size());
+  for (int r = 0; r < 4 + rounds; ++r) {
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const size_t n = static_cast<size_t>(rows[i]);
+      logits.clear();
+      SequenceChunk step{&cache, std::span<const int32_t>(positions).first(n), n > 1};
+      const auto start = std::chrono::steady_clock::now();
+      KILN_RETURN_IF_ERROR(model.Forward({&step, 1}, &logits));
+      const double seconds =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+      cache.Truncate(static_cast<int64_t>(prompt.size()));
+      if (r >= 4) samples[i].push_back(seconds);  // 4 rounds warm up
+    }
+  }
+  std::vector<double> medians;
+  for (const std::vector<double>& s : samples) medians.push_back(Median(s));
+  return medians;
+}
+
+}  // namespace bench
+
+namespace {
+
+using bench::Generate;
+using bench::Median;
+using bench::Run;
 
 struct Measured {
   double tokens_per_second = 0;
@@ -172,28 +209,13 @@ int Main() {
   // The target forward alone: 1 position against k + 1, interleaved and rolled back each time,
   // so that the cost of verification is seen without the engine around it.
   {
-    absl::StatusOr<KvCache> cache = model->NewCache(prompt_tokens + k + 1);
-    if (!cache.ok()) return 1;
-    std::vector<float> logits;
-    SequenceChunk chunk{&*cache, prompts[0], false};
-    if (!model->Forward({&chunk, 1}, &logits).ok()) return 1;
-    const std::vector<int32_t> positions(static_cast<size_t>(k) + 1, 7);
-    std::vector<double> one, many;
-    for (int r = 0; r < 4 + 8 * repeats; ++r) {
-      for (size_t n : {size_t{1}, positions.size()}) {
-        logits.clear();
-        SequenceChunk step{&*cache, std::span<const int32_t>(positions).first(n), n > 1};
-        const auto start = std::chrono::steady_clock::now();
-        if (!model->Forward({&step, 1}, &logits).ok()) return 1;
-        const double seconds =
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-        cache->Truncate(prompt_tokens);
-        if (r >= 4) (n == 1 ? one : many).push_back(seconds);  // 4 rounds warm up
-      }
-    }
+    absl::StatusOr<std::vector<double>> seconds =
+        bench::ForwardSeconds(*model, prompts[0], {1, k + 1}, 8 * repeats);
+    if (!seconds.ok()) return 1;
     std::printf(
-        "target forward, 1 position  %7.2f ms; %d positions %7.2f ms (%.2f×; median of %zu)\n",
-        Median(one) * 1e3, k + 1, Median(many) * 1e3, Median(many) / Median(one), one.size());
+        "target forward, 1 position  %7.2f ms; %d positions %7.2f ms (%.2f×; median of %d)\n",
+        (*seconds)[0] * 1e3, k + 1, (*seconds)[1] * 1e3, (*seconds)[1] / (*seconds)[0],
+        8 * repeats);
   }
 
   // The greedy output, which the scripted drafts replay.
@@ -284,5 +306,6 @@ int main(int argc, char** argv) {
   absl::ParseCommandLine(argc, argv);
   google::InitGoogleLogging(argv[0]);
   FLAGS_logtostderr = true;
+  if (!absl::GetFlag(FLAGS_model).empty()) return kiln::bench::RunMtpBench();
   return kiln::Main();
 }

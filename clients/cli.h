@@ -67,6 +67,7 @@ std::vector<std::string> NormalizeArgs(int argc, char** argv, std::vector<std::s
 // Command handlers.
 int Synth(const Args& args);
 int Run(const Args& args);
+int Perplexity(const Args& args);
 int Generate(const Args& args);
 int Tokenize(const Args& args);
 int Health(const Args& args);

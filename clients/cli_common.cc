@@ -123,6 +123,16 @@ const std::vector<Command>& Commands() {
        {"model", "prompt_ids", "max_tokens", "dtype", "backend", "tensorizer_config",
         "encryption_key_file", "encryption_passphrase_file", "skip_hash_verification"},
        &Run},
+      {"perplexity",
+       "--model PATH --text_file FILE [--context 512] [--max_windows N] [--dtype bf16|f32]",
+       "Load a model in this process and print its perplexity on a text file, from kiln's own\n"
+       "logits: the documents (separated by blank lines, each followed by EOS) are one token\n"
+       "stream, cut into windows of --context positions that each start from an empty cache.\n"
+       "Models with MTP heads also get the first head's perplexity on the token after next.",
+       {"model", "text_file", "context", "max_windows", "dtype", "backend", "json",
+        "tensorizer_config", "encryption_key_file", "encryption_passphrase_file",
+        "skip_hash_verification"},
+       &Perplexity},
       {"tensorize",
        "--model PATH --out FILE [--dtype bf16|f32] [tensorizer flags]",
        "Convert a checkpoint (safetensors directory or Tensorizer file) into a native tensorized\n"

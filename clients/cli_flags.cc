@@ -71,6 +71,10 @@ ABSL_FLAG(std::optional<int32_t>, draft_tokens, std::nullopt,
 ABSL_FLAG(bool, ids, false, "also print the generated token ids");
 
 ABSL_FLAG(std::string, text, "", "text to tokenize");
+ABSL_FLAG(std::string, text_file, "",
+          "perplexity: text file, documents separated by blank lines (each followed by EOS)");
+ABSL_FLAG(int64_t, context, 512, "perplexity: positions per window");
+ABSL_FLAG(int64_t, max_windows, 0, "perplexity: score at most this many windows; 0 = all");
 ABSL_FLAG(std::string, service, "", "health service name; empty = the whole server");
 ABSL_FLAG(bool, wait, false, "health: wait for the server to come up (bounded by --timeout)");
 ABSL_FLAG(std::string, format, "", "checkpoint format; empty = detect");

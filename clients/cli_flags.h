@@ -55,6 +55,9 @@ ABSL_DECLARE_FLAG(bool, ids);
 
 // Tokenize, health, models.
 ABSL_DECLARE_FLAG(std::string, text);
+ABSL_DECLARE_FLAG(std::string, text_file);
+ABSL_DECLARE_FLAG(int64_t, context);
+ABSL_DECLARE_FLAG(int64_t, max_windows);
 ABSL_DECLARE_FLAG(std::string, service);
 ABSL_DECLARE_FLAG(bool, wait);
 ABSL_DECLARE_FLAG(std::string, format);

@@ -1,4 +1,5 @@
-// `kiln synth` and `kiln run`: commands that work without a server.
+// `kiln synth`, `kiln run`, `kiln perplexity` and `kiln tensorize`: commands that work without a
+// server.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,8 +19,11 @@
 #include "clients/cli.h"
 #include "clients/cli_flags.h"
 #include "clients/synth.h"
+#include "eval/perplexity.h"
 #include "kernels/backend_registry.h"
 #include "loaders/load_model.h"
+#include "nlohmann/json.hpp"
+#include "tokenizer/tokenizer.h"
 
 namespace kiln::cli {
 namespace {
@@ -53,6 +57,32 @@ absl::StatusOr<TensorizerCheckpointOptions> TensorizerFlags() {
     }
   }
   return options;
+}
+
+// A model loaded in this process with the --backend and Tensorizer flags, and its side files.
+struct LocalModel {
+  std::unique_ptr<PreparedModel> model;
+  std::map<std::string, std::string> side_files;
+  std::string where;  // the checkpoint's directory or file, for messages
+};
+
+absl::StatusOr<LocalModel> LoadLocal(const std::string& path, std::optional<DType> dtype) {
+  LoadOptions options;
+  options.compute_dtype = dtype;
+  KILN_ASSIGN_OR_RETURN(options.tensorizer, TensorizerFlags());
+  const std::string backend_name = absl::GetFlag(FLAGS_backend).empty()
+                                       ? std::string(kDefaultBackend)
+                                       : absl::GetFlag(FLAGS_backend);
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Backend> backend, CreateBackend(backend_name));
+  KILN_ASSIGN_OR_RETURN(OpenedCheckpoint opened, OpenCheckpoint(path, options));
+  LocalModel local;
+  local.side_files = opened.side_files;
+  local.where =
+      opened.location.file.empty() ? opened.location.dir.string() : opened.location.file.string();
+  KILN_ASSIGN_OR_RETURN(
+      local.model,
+      PrepareCheckpoint(std::move(opened), std::shared_ptr<Backend>(std::move(backend)), options));
+  return local;
 }
 
 }  // namespace
@@ -95,25 +125,14 @@ int Run(const Args& args) {
   absl::StatusOr<std::vector<int32_t>> prompt = ParseIds(prompt_text, "prompt_ids");
   if (!prompt.ok()) return UsageError("run", prompt.status().message());
   if (prompt->empty()) return UsageError("run", "--prompt_ids is empty");
-  LoadOptions options;
   absl::StatusOr<std::optional<DType>> dtype = ParseComputeDType(absl::GetFlag(FLAGS_dtype));
   if (!dtype.ok()) return UsageError("run", absl::StrCat("--dtype: ", dtype.status().message()));
-  options.compute_dtype = *dtype;
-  absl::StatusOr<TensorizerCheckpointOptions> tensorizer = TensorizerFlags();
-  if (!tensorizer.ok()) return Fail(tensorizer.status());
-  options.tensorizer = *std::move(tensorizer);
-  const std::string backend_name = absl::GetFlag(FLAGS_backend).empty()
-                                       ? std::string(kDefaultBackend)
-                                       : absl::GetFlag(FLAGS_backend);
-  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(backend_name);
-  if (!backend.ok()) return Fail(backend.status());
-  absl::StatusOr<std::unique_ptr<PreparedModel>> model =
-      LoadModel(model_dir, std::shared_ptr<Backend>(std::move(*backend)), options);
-  if (!model.ok()) return Fail(model.status());
-  const ModelConfig& config = (*model)->config();
+  absl::StatusOr<LocalModel> local = LoadLocal(model_dir, *dtype);
+  if (!local.ok()) return Fail(local.status());
+  const PreparedModel& model = *local->model;
+  const ModelConfig& config = model.config();
   const int32_t max_tokens = std::max(0, absl::GetFlag(FLAGS_max_tokens).value_or(16));
-  absl::StatusOr<KvCache> cache =
-      (*model)->NewCache(static_cast<int64_t>(prompt->size()) + max_tokens);
+  absl::StatusOr<KvCache> cache = model.NewCache(static_cast<int64_t>(prompt->size()) + max_tokens);
   if (!cache.ok()) return Fail(cache.status());
 
   std::vector<int32_t> generated;
@@ -124,7 +143,7 @@ int Run(const Args& args) {
   for (int32_t i = 0; i < max_tokens; ++i) {
     logits.clear();
     SequenceChunk chunk{&*cache, step, false};
-    if (absl::Status status = (*model)->Forward({&chunk, 1}, &logits); !status.ok())
+    if (absl::Status status = model.Forward({&chunk, 1}, &logits); !status.ok())
       return Fail(status);
     const int32_t next =
         static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
@@ -140,13 +159,74 @@ int Run(const Args& args) {
   const double total =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cout << "model " << config.architecture_name << " from " << model_dir << " on backend "
-            << (*model)->backend_name() << "\n"
+            << model.backend_name() << "\n"
             << "prompt ids:    " << absl::StrJoin(*prompt, ",") << "\n"
             << "generated ids: " << absl::StrJoin(generated, ",") << "\n";
   if (generated.size() > 1) {
     std::printf("first token %.1f ms, then %.1f tokens/s\n", first_token_seconds * 1e3,
                 static_cast<double>(generated.size() - 1) / (total - first_token_seconds));
   }
+  return kExitOk;
+}
+
+int Perplexity(const Args& args) {
+  if (absl::Status status = ExpectArgs(args, 0, "no arguments"); !status.ok()) {
+    return UsageError("perplexity", status.message());
+  }
+  const std::string model_path = absl::GetFlag(FLAGS_model);
+  const std::string text_path = absl::GetFlag(FLAGS_text_file);
+  if (model_path.empty() || text_path.empty()) {
+    return UsageError("perplexity", "perplexity needs --model PATH and --text_file FILE");
+  }
+  PerplexityOptions options;
+  options.context = absl::GetFlag(FLAGS_context);
+  options.max_windows = absl::GetFlag(FLAGS_max_windows);
+  if (options.context < 2) return UsageError("perplexity", "--context must be at least 2");
+  if (options.max_windows < 0) return UsageError("perplexity", "--max_windows must be ≥ 0");
+  absl::StatusOr<std::optional<DType>> dtype = ParseComputeDType(absl::GetFlag(FLAGS_dtype));
+  if (!dtype.ok()) {
+    return UsageError("perplexity", absl::StrCat("--dtype: ", dtype.status().message()));
+  }
+  std::ifstream in(text_path, std::ios::binary);
+  if (!in) return Fail(absl::NotFoundError(absl::StrCat("cannot read ", text_path)));
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  absl::StatusOr<LocalModel> local = LoadLocal(model_path, *dtype);
+  if (!local.ok()) return Fail(local.status());
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
+      Tokenizer::FromFiles(local->side_files, local->where);
+  if (!tokenizer.ok()) return Fail(tokenizer.status());
+  absl::StatusOr<std::vector<int32_t>> ids = EncodeDocuments(**tokenizer, text);
+  if (!ids.ok()) return Fail(ids.status());
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<PerplexityResult> result = kiln::Perplexity(*local->model, *ids, options);
+  if (!result.ok()) return Fail(result.status());
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const PreparedModel& model = *local->model;
+  if (absl::GetFlag(FLAGS_json)) {
+    nlohmann::json out = {{"text", text_path},
+                          {"tokens", ids->size()},
+                          {"context", options.context},
+                          {"windows", result->windows},
+                          {"dtype", DTypeName(model.compute_dtype())},
+                          {"perplexity", result->perplexity},
+                          {"seconds", seconds}};
+    if (result->mtp_scored > 0) out["mtp_perplexity"] = result->mtp_perplexity;
+    std::cout << out.dump() << "\n";
+    return kExitOk;
+  }
+  std::printf("%s: %zu tokens, %lld windows of %lld, %s on %s\n", text_path.c_str(), ids->size(),
+              static_cast<long long>(result->windows), static_cast<long long>(options.context),
+              std::string(DTypeName(model.compute_dtype())).c_str(),
+              std::string(model.backend_name()).c_str());
+  std::printf("perplexity %.4f (%.4f nats per token over %lld positions)\n", result->perplexity,
+              result->mean_nll, static_cast<long long>(result->scored));
+  if (result->mtp_scored > 0) {
+    std::printf("MTP head 0, token after next: perplexity %.4f over %lld positions\n",
+                result->mtp_perplexity, static_cast<long long>(result->mtp_scored));
+  }
+  std::printf("%.2f s, %.0f tokens/s\n", seconds,
+              static_cast<double>(result->scored + result->mtp_scored) / seconds);
   return kExitOk;
 }
 

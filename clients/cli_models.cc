@@ -64,6 +64,10 @@ void PrintModel(const kiln::v1::ModelInfo& model, bool verbose) {
   row("memory", absl::StrCat(Bytes(model.bytes_in_memory()), " (", model.bytes_in_memory(), ")"));
   if (model.vocab_size() > 0) row("vocab", absl::StrCat(model.vocab_size()));
   if (model.max_context() > 0) row("max context", absl::StrCat(model.max_context()));
+  if (model.mtp_heads() > 0) {
+    row("MTP heads", absl::StrCat(model.mtp_heads(), " (", model.default_num_draft_tokens(),
+                                  " draft tokens per step for a greedy request alone)"));
+  }
   row("loader", model.loader());
   if (model.has_load_timings()) {
     const kiln::v1::LoadTimings& t = model.load_timings();

@@ -35,4 +35,10 @@ absl::Status ValidateDraft(const Draft& draft, int32_t k, int64_t vocab_size) {
   return absl::OkStatus();
 }
 
+void DraftSource::ProposeAll(std::span<DraftCall> calls) {
+  for (DraftCall& call : calls) {
+    call.result = call.session->Propose(call.k, call.context, call.target_hidden);
+  }
+}
+
 }  // namespace kiln

@@ -15,12 +15,16 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "engine/sampling.h"
 #include "models/kv_cache.h"
 
 namespace kiln {
 
 // Most draft tokens one step may verify per sequence.
 inline constexpr int32_t kMaxDraftTokens = 16;
+// EngineOptions::default_num_draft_tokens: leave the choice to the draft source
+// (DraftSource::default_num_draft_tokens).
+inline constexpr int32_t kDraftSourceDefault = -1;
 
 // The target model's last hidden states (after the final norm) for consecutive positions of the
 // context: row r belongs to position first_position + r, i.e. it is the state from which the
@@ -51,7 +55,8 @@ class DraftSession {
  public:
   virtual ~DraftSession() = default;
 
-  // Proposes up to `k` tokens to follow `context` (prompt + accepted output). `target_hidden`
+  // Proposes up to `k` tokens to follow `context` (prompt + accepted output); k = 0 only takes
+  // in `target_hidden` (the engine pauses a sequence's drafts that way). `target_hidden`
   // covers the positions the target computed and kept since the last call (all prompt positions
   // on the first call); every position below context.size() - 1 is delivered exactly once over
   // the session. It is empty unless the source's needs_target_hidden() is true.
@@ -76,6 +81,16 @@ struct DraftSessionStart {
   const KvCache* target_cache = nullptr;
 };
 
+// One session's part of a batched proposal (DraftSource::ProposeAll): the arguments of its
+// Propose, and what Propose would have returned.
+struct DraftCall {
+  DraftSession* session = nullptr;  // a session this source started
+  int32_t k = 0;
+  std::span<const int32_t> context;
+  HiddenStates target_hidden;
+  absl::StatusOr<Draft> result = Draft{};
+};
+
 class DraftSource {
  public:
   virtual ~DraftSource() = default;
@@ -83,9 +98,17 @@ class DraftSource {
   virtual absl::string_view name() const = 0;
   // Whether sessions read HiddenStates; the engine collects them only then.
   virtual bool needs_target_hidden() const { return false; }
+  // Draft tokens per step for a request that names none, where the engine leaves the choice to
+  // the source (kDraftSourceDefault): the depth that decodes fastest with this source for
+  // requests sampled so, as measured. 0: such requests speculate only when they ask to.
+  virtual int32_t default_num_draft_tokens(const SamplingParams& /*sampling*/) const { return 0; }
   // A session for one sequence (e.g. with a KV cache sized for start.max_length).
   virtual absl::StatusOr<std::unique_ptr<DraftSession>> StartSession(
       const DraftSessionStart& start) = 0;
+  // Proposes for every call at once (the sequences of one engine step), each result what its
+  // session's Propose would return. The default calls Propose session by session; a source that
+  // drafts with a model runs all sessions' draft positions as one batch per draft step.
+  virtual void ProposeAll(std::span<DraftCall> calls);
 };
 
 }  // namespace kiln

@@ -14,6 +14,10 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// A sequence whose default drafts are paused hands its draft session the target's hidden states
+// once this many have gathered (the session's state then stays current at little cost).
+constexpr int64_t kPausedDraftBacklog = 32;
+
 double SecondsBetween(Clock::time_point start, Clock::time_point end) {
   return std::chrono::duration<double>(end - start).count();
 }
@@ -78,6 +82,7 @@ struct Engine::Sequence {
 
   // Speculative decoding (num_draft_tokens > 0).
   int32_t num_draft_tokens = 0;
+  bool default_drafts = false;  // the draft source's default: paused in crowded steps
   std::unique_ptr<DraftSession> draft;
   std::vector<int32_t> step_tokens;  // this step's verified chunk: last token, then the drafts
   Draft proposal;                    // this step's drafts
@@ -109,12 +114,18 @@ absl::StatusOr<std::unique_ptr<Engine>> Engine::Create(std::shared_ptr<const Pre
       options.max_context < 2) {
     return absl::InvalidArgumentError("engine options must be positive");
   }
-  if (options.default_num_draft_tokens < 0 || options.default_num_draft_tokens > kMaxDraftTokens) {
+  if (options.default_num_draft_tokens != kDraftSourceDefault &&
+      (options.default_num_draft_tokens < 0 ||
+       options.default_num_draft_tokens > kMaxDraftTokens)) {
     return absl::InvalidArgumentError(
-        absl::StrCat("default_num_draft_tokens must be between 0 and ", kMaxDraftTokens));
+        absl::StrCat("default_num_draft_tokens must be between 0 and ", kMaxDraftTokens,
+                     ", or kDraftSourceDefault"));
   }
   if (options.default_num_draft_tokens > 0 && options.draft_source == nullptr) {
     return absl::InvalidArgumentError("default_num_draft_tokens > 0 needs a draft source");
+  }
+  if (options.default_drafts_max_running < 1) {
+    return absl::InvalidArgumentError("default_drafts_max_running must be at least 1");
   }
   EngineOptions effective = options;
   // One sequence must always fit the pool on its own (then preemption always ends).
@@ -143,6 +154,17 @@ Engine::Engine(std::shared_ptr<const PreparedModel> model,
 
 Engine::~Engine() { Shutdown(/*drain=*/false); }
 
+int32_t Engine::DefaultDrafts(const SamplingParams& sampling) const {
+  if (options_.draft_source == nullptr) return 0;
+  return std::clamp(options_.draft_source->default_num_draft_tokens(sampling), 0, kMaxDraftTokens);
+}
+
+int32_t Engine::default_num_draft_tokens() const {
+  return options_.default_num_draft_tokens == kDraftSourceDefault
+             ? DefaultDrafts(SamplingParams{})
+             : options_.default_num_draft_tokens;
+}
+
 absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request, UpdateCallback on_update) {
   const ModelConfig& config = model_->config();
   if (request.prompt.empty()) return absl::InvalidArgumentError("prompt is empty");
@@ -170,7 +192,11 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request, UpdateCallbac
   if (request.logprobs < 0 || request.logprobs > 20) {
     return absl::InvalidArgumentError("logprobs must be between 0 and 20");
   }
-  const int32_t drafts = request.num_draft_tokens.value_or(options_.default_num_draft_tokens);
+  const bool source_default = !request.num_draft_tokens.has_value() &&
+                              options_.default_num_draft_tokens == kDraftSourceDefault;
+  const int32_t drafts = source_default
+                             ? DefaultDrafts(request.sampling)
+                             : request.num_draft_tokens.value_or(options_.default_num_draft_tokens);
   if (drafts < 0 || drafts > kMaxDraftTokens) {
     return absl::InvalidArgumentError(
         absl::StrCat("num_draft_tokens must be between 0 and ", kMaxDraftTokens));
@@ -183,6 +209,7 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request, UpdateCallbac
 
   auto sequence = std::make_unique<Sequence>();
   sequence->num_draft_tokens = drafts;
+  sequence->default_drafts = source_default;
   sequence->request = std::move(request);
   sequence->on_update = std::move(on_update);
   sequence->prompt_size = sequence->request.prompt.size();
@@ -504,34 +531,56 @@ void Engine::Schedule() {
   std::erase_if(running_, [](const auto& sequence) { return sequence->finished; });
 }
 
-bool Engine::ProposeDrafts(Sequence& sequence) {
-  sequence.step_tokens.clear();
-  if (sequence.draft == nullptr || !sequence.decoding() || sequence.step_rows == 0 ||
-      sequence.output_size() == 0 || sequence.draft_room <= 0) {
-    return true;
-  }
-  const int32_t k = static_cast<int32_t>(sequence.draft_room);
-  const HiddenStates hidden{sequence.hidden_first, model_->config().hidden_size, sequence.hidden};
-  absl::StatusOr<Draft> proposal = sequence.draft->Propose(k, sequence.tokens, hidden);
-  absl::Status status = proposal.status();
-  if (status.ok()) {
-    status = ValidateDraft(*proposal, k, model_->config().vocab_size);
-    if (!status.ok()) {
-      status = absl::InternalError(absl::StrCat("draft source: ", status.message()));
+bool Engine::ProposeDrafts() {
+  std::vector<Sequence*> drafting;
+  std::vector<DraftCall> calls;
+  const int64_t hidden_size = model_->config().hidden_size;
+  const bool crowded = static_cast<int64_t>(running_.size()) > options_.default_drafts_max_running;
+  for (auto& owned : running_) {
+    Sequence& sequence = *owned;
+    sequence.step_tokens.clear();
+    if (sequence.draft == nullptr || !sequence.decoding() || sequence.step_rows == 0 ||
+        sequence.output_size() == 0 || sequence.draft_room <= 0) {
+      continue;
     }
+    int32_t k = static_cast<int32_t>(sequence.draft_room);
+    if (sequence.default_drafts && crowded) {
+      // Paused: the session still takes in the target's hidden states now and then, so that
+      // they do not pile up here.
+      if (static_cast<int64_t>(sequence.hidden.size()) < kPausedDraftBacklog * hidden_size) {
+        continue;
+      }
+      k = 0;
+    }
+    drafting.push_back(&sequence);
+    calls.push_back({sequence.draft.get(), k, sequence.tokens,
+                     HiddenStates{sequence.hidden_first, hidden_size, sequence.hidden}});
   }
-  if (!status.ok()) {
-    LOG(ERROR) << "draft proposal failed: " << status;
-    Finish(sequence, FinishReason::kNone, status);
-    return false;
+  if (calls.empty()) return false;
+  options_.draft_source->ProposeAll(calls);
+  for (size_t i = 0; i < drafting.size(); ++i) {
+    Sequence& sequence = *drafting[i];
+    DraftCall& call = calls[i];
+    absl::Status status = call.result.status();
+    if (status.ok()) {
+      status = ValidateDraft(*call.result, call.k, model_->config().vocab_size);
+      if (!status.ok()) {
+        status = absl::InternalError(absl::StrCat("draft source: ", status.message()));
+      }
+    }
+    if (!status.ok()) {
+      LOG(ERROR) << "draft proposal failed: " << status;
+      Finish(sequence, FinishReason::kNone, status);
+      continue;
+    }
+    sequence.hidden_first += call.target_hidden.rows();
+    sequence.hidden.clear();
+    sequence.proposal = *std::move(call.result);
+    if (sequence.proposal.tokens.empty()) continue;
+    sequence.step_tokens.push_back(sequence.tokens.back());
+    sequence.step_tokens.insert(sequence.step_tokens.end(), sequence.proposal.tokens.begin(),
+                                sequence.proposal.tokens.end());
   }
-  sequence.hidden_first += hidden.rows();
-  sequence.hidden.clear();
-  sequence.proposal = std::move(*proposal);
-  if (sequence.proposal.tokens.empty()) return true;
-  sequence.step_tokens.push_back(sequence.tokens.back());
-  sequence.step_tokens.insert(sequence.step_tokens.end(), sequence.proposal.tokens.begin(),
-                              sequence.proposal.tokens.end());
   return true;
 }
 
@@ -610,10 +659,7 @@ void Engine::Step() {
 
   // Drafts come first: a session may run forwards of its own.
   const Clock::time_point draft_start = Clock::now();
-  bool drafted = false;
-  for (auto& sequence : running_) {
-    if (sequence->draft != nullptr) drafted |= ProposeDrafts(*sequence);
-  }
+  const bool drafted = ProposeDrafts();
   std::erase_if(running_, [](const auto& sequence) { return sequence->finished; });
   const double draft_seconds = drafted ? SecondsBetween(draft_start, Clock::now()) : 0.0;
 
@@ -661,6 +707,8 @@ void Engine::Step() {
   std::vector<Delivery> delivered;
   uint64_t generated = 0;
   SpeculativeStats speculative;
+  uint64_t verifications = 0;
+  std::array<uint64_t, kMaxDraftTokens> accepted_at_position{};
   size_t logits_row = 0, hidden_row = 0;
   for (size_t i = 0; i < stepped.size(); ++i) {
     Sequence& sequence = *stepped[i];
@@ -705,6 +753,10 @@ void Engine::Step() {
       sequence.speculative.accepted += verified.accepted;
       speculative.drafted += k;
       speculative.accepted += verified.accepted;
+      if (k > 0) ++verifications;
+      for (int32_t position = 0; position < verified.accepted; ++position) {
+        ++accepted_at_position[static_cast<size_t>(position)];
+      }
       // Tokens after a stop are dropped, as they would never have been sampled.
       for (SampledToken& sampled : verified.tokens) {
         absl::StatusOr<FinishReason> emitted = Emit(sequence, std::move(sampled), update);
@@ -728,6 +780,10 @@ void Engine::Step() {
     stats_.generated_tokens += generated;
     stats_.speculative.drafted += speculative.drafted;
     stats_.speculative.accepted += speculative.accepted;
+    stats_.verifications += verifications;
+    for (size_t position = 0; position < accepted_at_position.size(); ++position) {
+      stats_.accepted_at_position[position] += accepted_at_position[position];
+    }
     stats_.forward_seconds += forward_seconds;
     stats_.draft_seconds += draft_seconds;
   }

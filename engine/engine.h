@@ -12,6 +12,7 @@
 // sequences with an error, and no lock is held while calling out.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <deque>
 #include <functional>
@@ -44,9 +45,9 @@ struct GenerationRequest {
   StoppingParams stopping;
   int32_t logprobs = 0;  // top-n log-probabilities per token; 0 = none
   // Draft tokens verified per step (speculative decoding), up to kMaxDraftTokens; 0 = off.
-  // Unset: EngineOptions::default_num_draft_tokens. More than 0 needs an engine with a draft
-  // source. The output is the same as without speculation (for sampling: the same
-  // distribution).
+  // Unset: EngineOptions::default_num_draft_tokens (by default the draft source's choice for
+  // the sampling, when few sequences run). More than 0 needs an engine with a draft source. The
+  // output is the same as without speculation (for sampling: the same distribution).
   std::optional<int32_t> num_draft_tokens;
 };
 
@@ -85,7 +86,15 @@ struct EngineOptions {
   uint64_t seed = 0;              // seeds requests that bring no seed of their own
   // Proposes draft tokens for speculative decoding; null = requests cannot speculate.
   std::shared_ptr<DraftSource> draft_source;
-  int32_t default_num_draft_tokens = 0;  // for requests that leave num_draft_tokens unset
+  // For requests that leave num_draft_tokens unset: 0 to kMaxDraftTokens, or
+  // kDraftSourceDefault: the draft source's depth for the request's sampling
+  // (DraftSource::default_num_draft_tokens; none without a draft source), drafted only in steps
+  // that run at most `default_drafts_max_running` sequences. 1: on a 2-core Zen 4, the trained
+  // default model decoded greedy 1.23x faster with its MTP drafts at one stream, but 0.89x at 4,
+  // 8 and 32 streams (bench/speculative_mtp.cc): once a step holds several sequences, verifying
+  // k + 1 rows each costs more than the drafts save.
+  int32_t default_num_draft_tokens = kDraftSourceDefault;
+  int32_t default_drafts_max_running = 1;
   // Reuse cached KV blocks of equal prompt prefixes (the output is the same either way).
   bool prefix_caching = true;
 };
@@ -104,6 +113,11 @@ struct EngineStats {
   uint64_t steps = 0;             // steps run, i.e. target forwards (verification included)
   uint64_t generated_tokens = 0;  // tokens sent to clients
   SpeculativeStats speculative;
+  // Verifications of a sequence's drafts, and in how many of them its i-th draft token (from 0)
+  // was kept, which needs the ones before it kept too: ÷ verifications, the acceptance rate at
+  // draft position i + 1 (as vLLM reports it).
+  uint64_t verifications = 0;
+  std::array<uint64_t, kMaxDraftTokens> accepted_at_position{};
   double forward_seconds = 0;  // in target forwards
   double draft_seconds = 0;    // in DraftSession::Propose
   uint64_t preemptions = 0;    // sequences preempted for want of KV blocks
@@ -137,6 +151,9 @@ class Engine {
   const PreparedModel& model() const { return *model_; }
   // Prompt + output tokens of one sequence, as enforced: the option, capped by the KV pool.
   int64_t max_context() const { return options_.max_context; }
+  // Draft tokens per step of a greedy request that names none, running alone (0: it does not
+  // speculate).
+  int32_t default_num_draft_tokens() const;
 
  private:
   struct Sequence;
@@ -165,8 +182,12 @@ class Engine {
   void Deliver(Sequence& sequence, GenerationUpdate update);
   // Ends every running sequence with `status` (a step that threw).
   void FailRunning(const absl::Status& status);
-  // Proposes this step's drafts; false when the sequence failed (and was finished).
-  bool ProposeDrafts(Sequence& sequence);
+  // Asks the draft source for this step's drafts of every speculating sequence at once (one
+  // batch); a sequence whose proposal failed is finished with the error. False when no sequence
+  // drafted.
+  bool ProposeDrafts();
+  // The draft source's depth for a request sampled so that names none (0 without a source).
+  int32_t DefaultDrafts(const SamplingParams& sampling) const;
   // Appends a token to the output and to `update`; returns why the sequence ends, if it does,
   // or an error (its text could not be decoded).
   absl::StatusOr<FinishReason> Emit(Sequence& sequence, SampledToken sampled,

@@ -99,16 +99,45 @@ size_t Sampler::Truncate(std::span<const float> logits) {
   for (size_t i = 0; i < logits.size(); ++i) {
     scratch_.emplace_back(logits[i] / params_.temperature, static_cast<int32_t>(i));
   }
-  size_t keep = scratch_.size();
-  if (params_.top_k > 0) keep = std::min<size_t>(keep, static_cast<size_t>(params_.top_k));
-  std::partial_sort(scratch_.begin(), scratch_.begin() + static_cast<long>(keep), scratch_.end(),
-                    [](const auto& a, const auto& b) { return a.first > b.first; });
-  const float max = scratch_.front().first;
-  weights_.resize(keep);
+  const auto by_logit = [](const auto& a, const auto& b) { return a.first > b.first; };
+  const auto begin = scratch_.begin();
+  // top_k: the candidates are the k largest (in any order so far).
+  size_t limit = scratch_.size();
+  if (params_.top_k > 0 && static_cast<size_t>(params_.top_k) < limit) {
+    limit = static_cast<size_t>(params_.top_k);
+    std::nth_element(begin, begin + static_cast<long>(limit - 1), scratch_.end(), by_logit);
+  }
+  const float max =
+      std::max_element(begin, begin + static_cast<long>(limit), [](const auto& a, const auto& b) {
+        return a.first < b.first;
+      })->first;
   double total = 0;
+  for (size_t i = 0; i < limit; ++i)
+    total += std::exp(static_cast<double>(scratch_[i].first - max));
+  // Sorted only as far as top-p and min-p can keep: a vocabulary of 150k tokens under top_p 0.9
+  // usually needs tens of them sorted, not all.
+  size_t sorted = std::min<size_t>(limit, 64);
+  while (true) {
+    std::partial_sort(begin, begin + static_cast<long>(sorted), begin + static_cast<long>(limit),
+                      by_logit);
+    if (sorted == limit) break;
+    const bool top_p = params_.top_p < 1.0f;
+    const bool min_p = params_.min_p > 0.0f;
+    double mass = 0;
+    for (size_t i = 0; i < sorted; ++i)
+      mass += std::exp(static_cast<double>(scratch_[i].first - max));
+    const double last = std::exp(static_cast<double>(scratch_[sorted - 1].first - max));
+    // More may be kept when top-p's mass is not reached yet, when the last sorted token still
+    // passes min-p, or when top-k alone decides (all of its candidates are kept).
+    const bool more = (!top_p && !min_p) || (top_p && mass / total < params_.top_p) ||
+                      (min_p && last >= params_.min_p);
+    if (!more) break;
+    sorted = std::min(limit, sorted * 4);
+  }
+  size_t keep = sorted;
+  weights_.resize(keep);
   for (size_t i = 0; i < keep; ++i) {
     weights_[i] = std::exp(static_cast<double>(scratch_[i].first - max));
-    total += weights_[i];
   }
   // top_p: the smallest prefix whose mass reaches top_p.
   if (params_.top_p < 1.0f) {
@@ -131,8 +160,10 @@ size_t Sampler::Truncate(std::span<const float> logits) {
 }
 
 SampledToken Sampler::Sample(std::span<float> logits, int32_t top_logprobs) {
+  // Log-probabilities describe the logits before penalties, and cost a pass of exp over the
+  // vocabulary: only when asked for.
   std::vector<float> raw;
-  raw.assign(logits.begin(), logits.end());
+  if (top_logprobs > 0) raw.assign(logits.begin(), logits.end());
 
   ApplyPenalties(logits);
   int32_t token_id = 0;
@@ -173,6 +204,7 @@ SampledToken Sampler::Sample(std::span<float> logits, int32_t top_logprobs) {
       }
     }
   }
+  if (top_logprobs == 0) return SampledToken{token_id, 0.0f, {}};
   return Describe(raw, token_id, top_logprobs);
 }
 

@@ -44,7 +44,8 @@ class Sampler {
   Sampler(const SamplingParams& params, uint64_t seed, std::span<const int32_t> prompt);
 
   // Samples from `logits` (vocab values; modified in place). `top_logprobs` > 0 also returns the
-  // most likely tokens with their log-probabilities.
+  // chosen token's log-probability and the most likely tokens with theirs (0: logprob stays 0,
+  // sparing a pass of exp over the vocabulary).
   SampledToken Sample(std::span<float> logits, int32_t top_logprobs);
   // Records a token that became part of the output (sampled or accepted).
   void Accept(int32_t token_id);

@@ -90,12 +90,13 @@ absl::Status ApplyServerConfig(const v1::ServerConfig& config, const std::string
         "not be negative");
   }
   if (config.max_queued_requests() > 0) options->engine.max_queued = config.max_queued_requests();
-  if (config.default_num_draft_tokens() < 0 ||
-      config.default_num_draft_tokens() > kMaxDraftTokens) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("default_num_draft_tokens must be in [0, ", kMaxDraftTokens, "]"));
-  }
-  if (config.default_num_draft_tokens() > 0) {
+  if (config.has_default_num_draft_tokens()) {
+    if (config.default_num_draft_tokens() != kDraftSourceDefault &&
+        (config.default_num_draft_tokens() < 0 ||
+         config.default_num_draft_tokens() > kMaxDraftTokens)) {
+      return absl::InvalidArgumentError(absl::StrCat("default_num_draft_tokens must be in [0, ",
+                                                     kMaxDraftTokens, "], or -1 for the default"));
+    }
     options->engine.default_num_draft_tokens = config.default_num_draft_tokens();
   }
   if (config.max_running_sequences() > 0) {

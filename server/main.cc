@@ -41,9 +41,14 @@ ABSL_FLAG(int32_t, max_queued, 1024,
 ABSL_FLAG(int32_t, max_running, 64,
           "per model: sequences decoded together in one step, at most (within it, requests are "
           "admitted while the KV pool has blocks for them)");
-ABSL_FLAG(int32_t, num_draft_tokens, 0,
-          "speculative decoding: draft tokens per step for requests that do not set "
-          "speculative.num_draft_tokens, on models with MTP heads (0 = off; at most 16)");
+ABSL_FLAG(int32_t, num_draft_tokens, -1,
+          "speculative decoding on models with MTP heads: draft tokens per step for requests that "
+          "do not set speculative.num_draft_tokens (-1 = the MTP draft source's measured choice: "
+          "2 for greedy requests, 1 up to temperature 0.3, none above, and only in steps that "
+          "run at most --default-drafts-max-running sequences; 0 = off; at most 16)");
+ABSL_FLAG(int32_t, default_drafts_max_running, 1,
+          "with --num-draft-tokens -1: requests on the default draft only in steps that run at "
+          "most this many sequences (on a 2-core CPU speculation paid only at one)");
 ABSL_FLAG(int64_t, max_context, 4096, "tokens of one sequence (prompt + output)");
 ABSL_FLAG(uint64_t, kv_cache_bytes, 0,
           "per model: bytes of its paged KV pool, allocated at load (a LoadModel or config "
@@ -141,6 +146,9 @@ absl::StatusOr<ServerOptions> BuildOptions(int argc, char** argv) {
     options.engine.max_running = absl::GetFlag(FLAGS_max_running);
   if (OnCommandLine(argc, argv, "num_draft_tokens")) {
     options.engine.default_num_draft_tokens = absl::GetFlag(FLAGS_num_draft_tokens);
+  }
+  if (OnCommandLine(argc, argv, "default_drafts_max_running")) {
+    options.engine.default_drafts_max_running = absl::GetFlag(FLAGS_default_drafts_max_running);
   }
   if (OnCommandLine(argc, argv, "max_context"))
     options.engine.max_context = absl::GetFlag(FLAGS_max_context);

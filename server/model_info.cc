@@ -73,6 +73,10 @@ void FillModelInfo(const ModelSnapshot& snapshot, v1::ModelInfo* info) {
       info->add_chat_template_errors(error);
     }
   }
+  info->set_mtp_heads(model.num_mtp_heads());
+  if (snapshot.engine != nullptr) {
+    info->set_default_num_draft_tokens(snapshot.engine->default_num_draft_tokens());
+  }
   const KvPool& pool = model.kv_pool();
   const KvPoolStats pool_stats = pool.stats();
   v1::KvPoolInfo* kv = info->mutable_kv_pool();

@@ -581,6 +581,27 @@ class Test:
                            expect_rc=1)
         expect("ALREADY_EXISTS" in err, f"stderr {err!r}")
 
+    def cli_perplexity(self):
+        # `kiln perplexity` on the trained default model (checkpoints/kiln-brown) and the first
+        # held-out windows: the training script's evaluation of the same text within 0.5 %.
+        repo = os.path.dirname(os.path.abspath(self.args.proto_dir))
+        data = os.path.join(repo, "tests", "data", "kiln-brown")
+        with open(os.path.join(data, "heldout_reference.json"), encoding="utf-8") as f:
+            reference = json.load(f)
+        model = f"--model={os.path.join(repo, 'checkpoints', 'kiln-brown')}"
+        out, _ = self.kiln("perplexity", model, f"--text_file={os.path.join(data, 'heldout.txt')}",
+                           f"--max_windows={reference['windows']}", "--json")
+        got = json.loads(out)
+        expect(got["windows"] == reference["windows"], f"windows: {got!r}")
+        for key in ("perplexity", "mtp_perplexity"):
+            ratio = got[key] / reference[key]
+            expect(abs(ratio - 1) < 0.005, f"{key}: kiln {got[key]}, script {reference[key]}")
+        _, err = self.kiln("perplexity", model, "--text_file=/nonexistent/heldout.txt",
+                           expect_rc=1)
+        expect("cannot read /nonexistent/heldout.txt" in err, f"stderr {err!r}")
+        _, err = self.kiln("perplexity", model, f"--text_file={self.token_file}", expect_rc=1)
+        expect("at least 514 tokens" in err, f"stderr {err!r}")
+
     def cli_errors(self):
         _, err = self.kiln("generate", self.server_flag(), "--model=nope", "--prompt_ids=1,2",
                            expect_rc=1)
@@ -639,7 +660,7 @@ def main():
                      "stop_string", "list_and_get", "load_unload", "errors", "admin_token",
                      "metrics", "cancel_then_serve", "cli_health", "cli_health_unreachable",
                      "cli_generate", "cli_generate_text", "cli_tokenize", "cli_models",
-                     "cli_tensorize", "cli_errors"):
+                     "cli_tensorize", "cli_perplexity", "cli_errors"):
             checks.run(name, getattr(t, name))
         t.channel.close()
     except Exception as e:  # noqa: BLE001 - setup failed: report it, stop the server

@@ -1,7 +1,9 @@
 #include "engine/sampling.h"
 
+#include <algorithm>
 #include <cmath>
 #include <map>
+#include <random>
 
 #include "gtest/gtest.h"
 
@@ -123,6 +125,64 @@ TEST(SamplingTest, TopKTopPAndMinPRestrictTheSupport) {
   min_p.temperature = 1.0f;
   min_p.min_p = 0.2f;
   ExpectDistribution(min_p, Softmax(Logits(), 1.0f, {false, true, true, false, false}));
+}
+
+// The filters over a vocabulary far larger than the first sorted batch of candidates: what
+// Distribution keeps must be what a full sort of every logit keeps, with the same weights.
+TEST(SamplingTest, TruncationOverALargeVocabularyMatchesAFullSort) {
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 3.0f);
+  std::vector<float> logits(20000);
+  for (float& x : logits) x = normal(rng);
+  auto reference = [&](const SamplingParams& p) {
+    std::vector<std::pair<double, int32_t>> order;
+    for (size_t i = 0; i < logits.size(); ++i) {
+      order.emplace_back(logits[i] / p.temperature, static_cast<int32_t>(i));
+    }
+    std::sort(order.begin(), order.end(), [](auto& a, auto& b) { return a.first > b.first; });
+    size_t keep = p.top_k > 0 ? std::min<size_t>(order.size(), p.top_k) : order.size();
+    std::vector<double> w(keep);
+    double total = 0;
+    for (size_t i = 0; i < keep; ++i) total += (w[i] = std::exp(order[i].first - order[0].first));
+    size_t kept = keep;
+    if (p.top_p < 1.0f) {
+      double mass = 0;
+      for (kept = 0; kept < keep;) {
+        mass += w[kept++] / total;
+        if (mass >= p.top_p) break;
+      }
+    }
+    if (p.min_p > 0.0f) {
+      size_t m = 0;
+      while (m < kept && w[m] >= p.min_p * w[0]) ++m;
+      kept = std::max<size_t>(m, 1);
+    }
+    std::vector<float> probs(logits.size(), 0.0f);
+    double kept_total = 0;
+    for (size_t i = 0; i < kept; ++i) kept_total += w[i];
+    for (size_t i = 0; i < kept; ++i)
+      probs[order[i].second] = static_cast<float>(w[i] / kept_total);
+    return probs;
+  };
+  std::vector<SamplingParams> cases(5);
+  cases[0].temperature = 0.7f, cases[0].top_p = 0.9f;    // thousands of candidates
+  cases[1].temperature = 0.2f, cases[1].top_p = 0.95f;   // a few
+  cases[2].temperature = 1.0f, cases[2].min_p = 0.002f;  // min-p keeps hundreds
+  cases[3].temperature = 1.0f, cases[3].top_k = 3000, cases[3].top_p = 0.8f;
+  cases[4].temperature = 1.5f, cases[4].top_k = 500;
+  for (size_t c = 0; c < cases.size(); ++c) {
+    Sampler sampler(cases[c], 1, {});
+    std::vector<float> probs;
+    sampler.Distribution(logits, &probs);
+    const std::vector<float> expected = reference(cases[c]);
+    int64_t support = 0;
+    for (size_t i = 0; i < probs.size(); ++i) {
+      ASSERT_EQ(probs[i] > 0, expected[i] > 0) << "case " << c << ", token " << i;
+      ASSERT_NEAR(probs[i], expected[i], 1e-6 + 1e-4 * expected[i]) << "case " << c;
+      support += probs[i] > 0;
+    }
+    EXPECT_GT(support, c == 1 ? 1 : 64) << "case " << c << " should need more than one batch";
+  }
 }
 
 TEST(SamplingTest, InvalidParamsNameTheField) {

@@ -12,12 +12,15 @@
 #include "clients/synth.h"
 #include "engine/draft_sources_testing.h"
 #include "engine/engine.h"
+#include "engine/mtp_draft_source.h"
 #include "engine/speculative.h"
 #include "gtest/gtest.h"
+#include "kernels/backend_registry.h"
 #include "loaders/load_model.h"
 #include "tests/engine/stream_collector.h"
 #include "tests/engine/synth_model.h"
 #include "tests/loaders/test_util.h"
+#include "tokenizer/tokenizer.h"
 
 namespace kiln {
 namespace {
@@ -102,20 +105,21 @@ struct Markov {
   }
 };
 
-// Exact joint distribution of the first kTokens tokens of plain sampling after `prompt`.
-std::map<std::vector<int32_t>, double> ExactJoint(const Markov& target,
-                                                  const SamplingParams& params,
-                                                  const std::vector<int32_t>& prompt) {
+// Exact joint distribution of the first `n` tokens of plain sampling after `prompt`, where
+// `logits_after(prefix)` is the target's logits row after prompt + prefix.
+template <typename LogitsAfter>
+std::map<std::vector<int32_t>, double> ExactJoint(const SamplingParams& params,
+                                                  const std::vector<int32_t>& prompt, int n,
+                                                  LogitsAfter logits_after) {
   std::map<std::vector<int32_t>, double> joint = {{{}, 1.0}};
-  for (int step = 0; step < kTokens; ++step) {
+  for (int step = 0; step < n; ++step) {
     std::map<std::vector<int32_t>, double> next;
     for (const auto& [prefix, mass] : joint) {
       Sampler sampler(params, 0, prompt);
       for (int32_t t : prefix) sampler.Accept(t);
-      const int32_t last = prefix.empty() ? prompt.back() : prefix.back();
       std::vector<float> p;
-      sampler.Distribution(target.logits[static_cast<size_t>(last)], &p);
-      for (int32_t t = 0; t < kVocab; ++t) {
+      sampler.Distribution(logits_after(prefix), &p);
+      for (int32_t t = 0; t < static_cast<int32_t>(p.size()); ++t) {
         if (p[t] <= 0) continue;
         std::vector<int32_t> cell = prefix;
         cell.push_back(t);
@@ -125,6 +129,16 @@ std::map<std::vector<int32_t>, double> ExactJoint(const Markov& target,
     joint = std::move(next);
   }
   return joint;
+}
+
+// The same for the Markov target: logits follow the last token.
+std::map<std::vector<int32_t>, double> ExactJoint(const Markov& target,
+                                                  const SamplingParams& params,
+                                                  const std::vector<int32_t>& prompt) {
+  return ExactJoint(params, prompt, kTokens, [&](const std::vector<int32_t>& prefix) {
+    const int32_t last = prefix.empty() ? prompt.back() : prefix.back();
+    return target.logits[static_cast<size_t>(last)];
+  });
 }
 
 enum class Scheme { kCorrect, kResampleFromP };
@@ -265,116 +279,104 @@ TEST(SpeculativeSamplingTest, TheFitDetectsAWrongResidual) {
   EXPECT_FALSE(fit.passes()) << fit.statistic << " ≤ " << fit.limit;
 }
 
-// --- The engine, end to end, on a model with a 16-token vocabulary --------------------------
+// --- The engine, end to end ----------------------------------------------------------------
 
-class SpeculativeEngineSamplingTest : public ::testing::Test {
- protected:
-  static constexpr int64_t kModelVocab = 16;
-
-  static void SetUpTestSuite() {
-    dir_ = new testing_util::ScratchDir();
-    absl::StatusOr<ModelConfig> config = SynthPresetConfig("kiln-tiny");
-    ASSERT_TRUE(config.ok());
-    config->hidden_size = 64;
-    config->intermediate_size = 128;
-    config->num_hidden_layers = 1;
-    config->num_attention_heads = 4;
-    config->num_key_value_heads = 2;
-    config->head_dim = 16;
-    config->vocab_size = kModelVocab;
-    config->eos_token_ids = {kModelVocab - 1};
-    SynthOptions options;
-    options.dtype = DType::kF32;
-    options.seed = 11;
-    options.write_tokenizer = false;
-    absl::StatusOr<std::unique_ptr<PreparedModel>> model =
-        testing_util::WriteAndLoad(dir_->path(), *config, options);
-    ASSERT_TRUE(model.ok()) << model.status();
-    model_ = std::shared_ptr<const PreparedModel>(std::move(*model));
-  }
-  static void TearDownTestSuite() {
-    model_.reset();
-    delete dir_;
-  }
-
-  // Exact joint distribution of the first `n` tokens of plain sampling, from the model.
-  static std::map<std::vector<int32_t>, double> Exact(const SamplingParams& params,
+// Exact joint distribution of the first `n` tokens of plain sampling from `model`.
+std::map<std::vector<int32_t>, double> ExactFromModel(const PreparedModel& model,
+                                                      const SamplingParams& params,
                                                       const std::vector<int32_t>& prompt, int n) {
-    std::map<std::vector<int32_t>, double> joint = {{{}, 1.0}};
-    for (int step = 0; step < n; ++step) {
-      std::map<std::vector<int32_t>, double> next;
-      for (const auto& [prefix, mass] : joint) {
-        std::vector<int32_t> context = prompt;
-        context.insert(context.end(), prefix.begin(), prefix.end());
-        absl::StatusOr<KvCache> cache = model_->NewCache(static_cast<int64_t>(context.size()));
-        EXPECT_TRUE(cache.ok());
-        std::vector<float> logits, p;
-        SequenceChunk chunk{&*cache, context, false};
-        EXPECT_TRUE(model_->Forward({&chunk, 1}, &logits).ok());
-        Sampler sampler(params, 0, prompt);
-        for (int32_t t : prefix) sampler.Accept(t);
-        sampler.Distribution(logits, &p);
-        for (int32_t t = 0; t < kModelVocab; ++t) {
-          if (p[t] <= 0) continue;
-          std::vector<int32_t> cell = prefix;
-          cell.push_back(t);
-          next[cell] += mass * p[t];
-        }
-      }
-      joint = std::move(next);
-    }
-    return joint;
+  return ExactJoint(params, prompt, n, [&](const std::vector<int32_t>& prefix) {
+    std::vector<int32_t> context = prompt;
+    context.insert(context.end(), prefix.begin(), prefix.end());
+    absl::StatusOr<KvCache> cache = model.NewCache(static_cast<int64_t>(context.size()));
+    EXPECT_TRUE(cache.ok());
+    std::vector<float> logits;
+    SequenceChunk chunk{&*cache, context, false};
+    EXPECT_TRUE(model.Forward({&chunk, 1}, &logits).ok());
+    return logits;
+  });
+}
+
+// First `n` tokens of `samples` seeded requests, through an engine with `source` (or none).
+std::map<std::vector<int32_t>, int64_t> SampleFromEngine(
+    std::shared_ptr<const PreparedModel> model, const SamplingParams& params,
+    const std::vector<int32_t>& prompt, int n, int64_t samples, std::shared_ptr<DraftSource> source,
+    int drafts, SpeculativeStats* speculative) {
+  EngineOptions options;
+  options.max_running = 64;
+  options.max_queued = static_cast<int32_t>(samples);
+  options.draft_source = std::move(source);
+  absl::StatusOr<std::unique_ptr<Engine>> engine =
+      Engine::Create(std::move(model), nullptr, options);
+  EXPECT_TRUE(engine.ok());
+  std::vector<std::unique_ptr<StreamCollector>> streams;
+  for (int64_t s = 0; s < samples; ++s) {
+    GenerationRequest request;
+    request.prompt = prompt;
+    request.sampling = params;
+    request.sampling.seed = 5000 + static_cast<uint64_t>(s);
+    request.stopping.max_tokens = n + 1;  // so that the n-th token may come from a draft
+    request.stopping.ignore_eos = true;
+    request.num_draft_tokens = drafts;
+    streams.push_back(std::make_unique<StreamCollector>());
+    EXPECT_TRUE((*engine)->Submit(std::move(request), streams.back()->Callback()).ok());
   }
-
-  // First `n` tokens of `samples` seeded requests, through an engine with `source` (or none).
-  static std::map<std::vector<int32_t>, int64_t> Sample(const SamplingParams& params,
-                                                        const std::vector<int32_t>& prompt, int n,
-                                                        int64_t samples,
-                                                        std::shared_ptr<DraftSource> source,
-                                                        int drafts, SpeculativeStats* speculative) {
-    EngineOptions options;
-    options.max_running = 64;
-    options.max_queued = static_cast<int32_t>(samples);
-    options.draft_source = std::move(source);
-    absl::StatusOr<std::unique_ptr<Engine>> engine = Engine::Create(model_, nullptr, options);
-    EXPECT_TRUE(engine.ok());
-    std::vector<std::unique_ptr<StreamCollector>> streams;
-    for (int64_t s = 0; s < samples; ++s) {
-      GenerationRequest request;
-      request.prompt = prompt;
-      request.sampling = params;
-      request.sampling.seed = 5000 + static_cast<uint64_t>(s);
-      request.stopping.max_tokens = n + 1;  // so that the n-th token may come from a draft
-      request.stopping.ignore_eos = true;
-      request.num_draft_tokens = drafts;
-      streams.push_back(std::make_unique<StreamCollector>());
-      EXPECT_TRUE((*engine)->Submit(std::move(request), streams.back()->Callback()).ok());
-    }
-    std::map<std::vector<int32_t>, int64_t> counts;
-    for (auto& stream : streams) {
-      EXPECT_TRUE(stream->done.WaitForNotificationWithTimeout(absl::Seconds(300)));
-      EXPECT_EQ(stream->tokens.size(), static_cast<size_t>(n + 1));
-      stream->tokens.resize(static_cast<size_t>(n));
-      ++counts[stream->tokens];
-      speculative->drafted += stream->last->speculative.drafted;
-      speculative->accepted += stream->last->speculative.accepted;
-    }
-    return counts;
+  std::map<std::vector<int32_t>, int64_t> counts;
+  for (auto& stream : streams) {
+    EXPECT_TRUE(stream->done.WaitForNotificationWithTimeout(absl::Seconds(300)));
+    EXPECT_EQ(stream->tokens.size(), static_cast<size_t>(n + 1));
+    stream->tokens.resize(static_cast<size_t>(n));
+    ++counts[stream->tokens];
+    speculative->drafted += stream->last->speculative.drafted;
+    speculative->accepted += stream->last->speculative.accepted;
   }
+  return counts;
+}
 
-  static testing_util::ScratchDir* dir_;
-  static std::shared_ptr<const PreparedModel> model_;
-};
+// Plain engine sampling (a control of the exact computation) and speculative sampling with
+// `source` drafting `drafts` tokens per step, each against the exact joint distribution of the
+// first `n` tokens.
+void ExpectSpeculativeSamplingMatchesPlain(std::shared_ptr<const PreparedModel> model,
+                                           const SamplingParams& params,
+                                           const std::vector<int32_t>& prompt, int n,
+                                           int64_t samples, std::shared_ptr<DraftSource> source,
+                                           int drafts) {
+  const auto exact = ExactFromModel(*model, params, prompt, n);
+  SpeculativeStats none, stats;
+  const FitResult plain = ChiSquare(
+      exact, SampleFromEngine(model, params, prompt, n, samples, nullptr, 0, &none), samples);
+  EXPECT_TRUE(plain.passes()) << "control: " << plain.statistic << " > " << plain.limit;
+  const FitResult speculative = ChiSquare(
+      exact, SampleFromEngine(model, params, prompt, n, samples, source, drafts, &stats), samples);
+  EXPECT_TRUE(speculative.passes())
+      << speculative.statistic << " > " << speculative.limit << " (dof " << speculative.dof << ")";
+  // Both outcomes of verification were exercised.
+  EXPECT_GT(stats.accepted, 0);
+  EXPECT_LT(stats.accepted, stats.drafted);
+}
 
-testing_util::ScratchDir* SpeculativeEngineSamplingTest::dir_ = nullptr;
-std::shared_ptr<const PreparedModel> SpeculativeEngineSamplingTest::model_;
-
-// The first three tokens of speculative sampling (noisy sampled drafts, k = 2) against the exact
-// joint distribution, with plain engine sampling as a control of the exact computation.
-TEST_F(SpeculativeEngineSamplingTest, SpeculativeSamplingMatchesPlainSampling) {
-  constexpr int kFirst = 3;
-  constexpr int64_t kSamples = 6000;
-  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5};
+// A model with a 16-token vocabulary, so that the exact joint distribution covers every token.
+TEST(SpeculativeEngineSamplingTest, SpeculativeSamplingMatchesPlainSampling) {
+  constexpr int64_t kModelVocab = 16;
+  testing_util::ScratchDir dir;
+  absl::StatusOr<ModelConfig> config = SynthPresetConfig("kiln-tiny");
+  ASSERT_TRUE(config.ok());
+  config->hidden_size = 64;
+  config->intermediate_size = 128;
+  config->num_hidden_layers = 1;
+  config->num_attention_heads = 4;
+  config->num_key_value_heads = 2;
+  config->head_dim = 16;
+  config->vocab_size = kModelVocab;
+  config->eos_token_ids = {kModelVocab - 1};
+  SynthOptions options;
+  options.dtype = DType::kF32;
+  options.seed = 11;
+  options.write_tokenizer = false;
+  absl::StatusOr<std::unique_ptr<PreparedModel>> loaded =
+      testing_util::WriteAndLoad(dir.path(), *config, options);
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const std::shared_ptr<const PreparedModel> model(std::move(*loaded));
   SamplingParams temperature;  // synth logits are small: a low temperature makes p peaked
   temperature.temperature = 0.08f;
   SamplingParams penalized = temperature;
@@ -385,19 +387,45 @@ TEST_F(SpeculativeEngineSamplingTest, SpeculativeSamplingMatchesPlainSampling) {
   for (const auto& [name, params] : std::vector<std::pair<std::string, SamplingParams>>{
            {"temperature", temperature}, {"top-k+penalties", penalized}}) {
     SCOPED_TRACE(name);
-    const auto exact = Exact(params, prompt, kFirst);
-    SpeculativeStats none, stats;
-    const FitResult plain =
-        ChiSquare(exact, Sample(params, prompt, kFirst, kSamples, nullptr, 0, &none), kSamples);
-    EXPECT_TRUE(plain.passes()) << "control: " << plain.statistic << " > " << plain.limit;
-    auto source = std::make_shared<NoisyDraftSource>(kModelVocab, 21, 1.5f);
-    const FitResult speculative =
-        ChiSquare(exact, Sample(params, prompt, kFirst, kSamples, source, 2, &stats), kSamples);
-    EXPECT_TRUE(speculative.passes()) << speculative.statistic << " > " << speculative.limit
-                                      << " (dof " << speculative.dof << ")";
-    // Both outcomes of verification were exercised.
-    EXPECT_GT(stats.accepted, 0);
-    EXPECT_LT(stats.accepted, stats.drafted);
+    // The first three tokens, noisy sampled drafts, k = 2.
+    ExpectSpeculativeSamplingMatchesPlain(model, params, {3, 1, 4, 1, 5}, 3, 6000,
+                                          std::make_shared<NoisyDraftSource>(kModelVocab, 21, 1.5f),
+                                          2);
+  }
+}
+
+// The trained default model (checkpoints/kiln-brown) with drafts from its own MTP head. Its
+// vocabulary is 4,096 tokens, so the sampling parameters keep few candidates per step (top-k)
+// for the exact joint distribution to stay small.
+TEST(SpeculativeEngineSamplingTest, TrainedModelWithItsMtpHeadKeepsTheDistribution) {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu");
+  ASSERT_TRUE(backend.ok());
+  absl::StatusOr<std::unique_ptr<PreparedModel>> loaded =
+      LoadModel(KILN_DEFAULT_MODEL_DIR, std::shared_ptr<Backend>(std::move(*backend)));
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  const std::shared_ptr<const PreparedModel> model(std::move(*loaded));
+  absl::StatusOr<std::shared_ptr<MtpDraftSource>> source = MtpDraftSource::Create(model);
+  ASSERT_TRUE(source.ok()) << source.status();
+  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer =
+      Tokenizer::FromDirectory(KILN_DEFAULT_MODEL_DIR);
+  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
+  absl::StatusOr<std::vector<int32_t>> prompt =
+      (*tokenizer)->Encode("The committee said that the new law would", false);
+  ASSERT_TRUE(prompt.ok()) << prompt.status();
+  SamplingParams top_k;
+  top_k.temperature = 1.0f;
+  top_k.top_k = 5;
+  SamplingParams penalized;
+  penalized.temperature = 0.8f;
+  penalized.top_k = 8;
+  penalized.top_p = 0.9f;
+  penalized.repetition_penalty = 1.2f;
+  penalized.frequency_penalty = 0.3f;
+  for (const auto& [name, params] : std::vector<std::pair<std::string, SamplingParams>>{
+           {"top-k", top_k}, {"top-k+top-p+penalties", penalized}}) {
+    SCOPED_TRACE(name);
+    // The first two tokens (the second one from verification), k = 2.
+    ExpectSpeculativeSamplingMatchesPlain(model, params, *prompt, 2, 4000, *source, 2);
   }
 }
 

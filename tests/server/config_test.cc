@@ -20,9 +20,9 @@ TEST(ConfigTest, ExampleConfigsParse) {
   ServerOptions options;
   ASSERT_TRUE(ApplyServerConfig(*config, "/srv/kiln/configs", &options).ok());
   EXPECT_EQ(options.listen, "127.0.0.1:50051");
-  EXPECT_EQ(options.model_roots, std::vector<std::string>{"/srv/kiln/configs/../models-cache"});
+  EXPECT_EQ(options.model_roots, std::vector<std::string>{"/srv/kiln/configs/../checkpoints"});
   ASSERT_EQ(options.models.size(), 1u);
-  EXPECT_EQ(options.models[0].path, "kiln-tiny");  // relative to the model roots, not rebased
+  EXPECT_EQ(options.models[0].path, "kiln-brown");  // relative to the model roots, not rebased
   EXPECT_EQ(options.engine.max_queued, 1024);
   EXPECT_EQ(options.kv_pool.block_size, 16);
   EXPECT_EQ(options.kv_pool.bytes, 0u);  // derived per model
