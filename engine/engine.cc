@@ -1,5 +1,7 @@
 #include "engine/engine.h"
 
+#include <pthread.h>
+
 #include <algorithm>
 #include <chrono>
 #include <optional>
@@ -802,6 +804,8 @@ void Engine::Step() {
 }
 
 void Engine::Loop() {
+  // Named for top -H, perf and debuggers (at most 15 characters).
+  pthread_setname_np(pthread_self(), "kiln-engine");
   while (true) {
     {
       absl::MutexLock lock(&mutex_);

@@ -13,9 +13,10 @@ cmake --build --preset release -j "$(nproc)" --target kiln kiln-server
 
 root=$PWD/checkpoints
 model=$root/kiln-brown
-echo "kiln: try, from another terminal:"
-echo "  build/release/clients/kiln generate --model default --prompt 'The jury said' --max_tokens 48"
+echo "kiln: try, from another terminal (the README shows what they print):"
+echo "  build/release/clients/kiln generate --model default --prompt 'In the spring of 1961,' \\"
+echo "      --max_tokens 60 --temperature 0.7 --top_p 0.9 --seed 3"
 echo "  curl -s http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\"
-echo "    -d '{\"model\": \"default\", \"prompt\": \"In the spring of 1961,\", \"max_tokens\": 48}'"
+echo "      -d '{\"model\": \"default\", \"prompt\": \"The jury said\", \"max_tokens\": 40, \"temperature\": 0.7, \"top_p\": 0.9, \"seed\": 3}'"
 exec build/release/server/kiln-server --listen 127.0.0.1:50051 --http-listen 127.0.0.1:8000 \
   --model-root "$root" --model "default=$model" "$@"

@@ -596,6 +596,17 @@ class Test:
         for key in ("perplexity", "mtp_perplexity"):
             ratio = got[key] / reference[key]
             expect(abs(ratio - 1) < 0.005, f"{key}: kiln {got[key]}, script {reference[key]}")
+        # `kiln tensorize` of the same checkpoint: the file alone (tokenizer inside) gives the
+        # same numbers, MTP head included.
+        native = os.path.join(self.tmp, "kiln-brown.tensors")
+        self.kiln("tensorize", model, f"--out={native}")
+        out, _ = self.kiln("perplexity", f"--model={native}",
+                           f"--text_file={os.path.join(data, 'heldout.txt')}",
+                           f"--max_windows={reference['windows']}", "--json")
+        tensorized = json.loads(out)
+        expect(tensorized["perplexity"] == got["perplexity"] and
+               tensorized["mtp_perplexity"] == got["mtp_perplexity"],
+               f"tensorized {tensorized!r} != safetensors {got!r}")
         _, err = self.kiln("perplexity", model, "--text_file=/nonexistent/heldout.txt",
                            expect_rc=1)
         expect("cannot read /nonexistent/heldout.txt" in err, f"stderr {err!r}")

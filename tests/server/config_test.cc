@@ -2,6 +2,8 @@
 #include "server/config.h"
 
 #include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "engine/draft_source.h"
 #include "gtest/gtest.h"
 #include "server/grpc_status.h"
 #include "tests/loaders/test_util.h"
@@ -66,6 +68,26 @@ TEST(ConfigTest, UnsetFieldsKeepTheDefaults) {
   EXPECT_EQ(options.listen, ServerOptions().listen);
   EXPECT_EQ(options.engine.max_queued, EngineOptions().max_queued);
   EXPECT_EQ(options.model_roots, std::vector<std::string>{"/m"});  // absolute: kept
+}
+
+TEST(ConfigTest, DraftTokensUnsetLeaveTheChoiceToTheDraftSourceAndZeroTurnsThemOff) {
+  ServerOptions options;
+  absl::StatusOr<v1::ServerConfig> config = ParseServerConfig("listen: \"127.0.0.1:1\"");
+  ASSERT_TRUE(config.ok());
+  ASSERT_TRUE(ApplyServerConfig(*config, "", &options).ok());
+  EXPECT_EQ(options.engine.default_num_draft_tokens, kDraftSourceDefault);
+  for (int32_t drafts : {0, 3, -1}) {
+    config = ParseServerConfig(absl::StrCat("default_num_draft_tokens: ", drafts));
+    ASSERT_TRUE(config.ok());
+    ServerOptions set;
+    ASSERT_TRUE(ApplyServerConfig(*config, "", &set).ok());
+    EXPECT_EQ(set.engine.default_num_draft_tokens, drafts);
+  }
+  config = ParseServerConfig("default_num_draft_tokens: 17");
+  ASSERT_TRUE(config.ok());
+  const absl::Status status = ApplyServerConfig(*config, "", &options);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_CONTAINS(status.message(), "default_num_draft_tokens");
 }
 
 TEST(ConfigTest, KvPoolSettings) {

@@ -337,7 +337,7 @@ def main():
         "num_key_value_heads": args.kv_heads, "head_dim": args.hidden // args.heads,
         "max_position_embeddings": args.context, "rms_norm_eps": 1e-5, "rope_theta": 10000.0,
         "rope_scaling": None, "tie_word_embeddings": True, "vocab_size": tokenizer.size,
-        "num_nextn_predict_layers": 1, "bos_token_id": None, "eos_token_id": tokenizer.eos,
+        "num_nextn_predict_layers": 1, "bos_token_id": tokenizer.eos, "eos_token_id": tokenizer.eos,
         "torch_dtype": "bfloat16",
     }
     model = Model(config)

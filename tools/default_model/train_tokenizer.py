@@ -105,7 +105,10 @@ def write(out_dir, chars, merges):
     with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
         json.dump(tokenizer, f, ensure_ascii=False)
     with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-        json.dump({"bos_token": None, "eos_token": "<|endoftext|>", "pad_token": "<|endoftext|>",
+        # GPT-2's convention: <|endoftext|> ends a document and so stands before the next one;
+        # the model is trained without a BOS of its own (add_bos_token false).
+        json.dump({"bos_token": "<|endoftext|>", "eos_token": "<|endoftext|>",
+                   "pad_token": "<|endoftext|>",
                    "add_bos_token": False, "tokenizer_class": "PreTrainedTokenizerFast",
                    "model_max_length": 512, "chat_template": CHAT_TEMPLATE}, f, indent=2)
     with open(os.path.join(out_dir, "generation_config.json"), "w") as f:
