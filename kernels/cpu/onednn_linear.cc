@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <bit>
+#include <cmath>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -13,6 +14,7 @@
 #include <new>
 #include <numeric>
 #include <oneapi/dnnl/dnnl.hpp>
+#include <optional>
 #include <string>
 #include <system_error>
 #include <thread>
@@ -26,6 +28,8 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/host_memory.h"
+#include "kernels/cpu/linear_dispatch.h"
+#include "kernels/cpu/small_m_linear.h"
 
 namespace kiln::cpu {
 namespace {
@@ -266,10 +270,40 @@ class OneDnnLinear final : public PackedLinear {
       bias_mem_ = memory(memory::desc({1, n_}, Dt::f32, Tag::ab), engine_, bias_.get());
       packed_bytes_ += bias_bytes;
     }
+    DescribePanels();
     VLOG(1) << "packed " << name_ << " [N=" << n_ << ", K=" << k_ << "] " << DTypeName(dtype_)
             << (bias_ ? " +bias" : "") << ": " << packed_bytes_ << " bytes, impl " << kernel_name_
             << (in_place ? ", reordered in place" : ", through a stacked copy");
   }
+
+  // The small-M kernel reads the packed weight when it is in the panel layout (64 columns × all
+  // of K, contiguous) and the CPU has the instructions.
+  void DescribePanels() {
+    const Tag panel_tag = dtype_ == DType::kBF16 ? Tag::BA16a64b2a : Tag::BA16a64b;
+    if (!(packed_md_ == memory::desc({k_, n_}, ToDnnl(dtype_), panel_tag))) return;
+    if (!SmallMKernelSupported(dtype_)) return;
+    const dnnl_memory_desc_t& md = packed_md_.data;
+    PanelWeights panel;
+    panel.data = packed_.get();
+    panel.dtype = dtype_;
+    panel.k = k_;
+    panel.k_padded = md.padded_dims[0];
+    panel.n = n_;
+    panel.bias = bias_ ? reinterpret_cast<const float*>(bias_.get()) : nullptr;
+    if (panel.k_padded % 16 != 0 || md.padded_dims[1] % kPanelColumns != 0) return;
+    panel_ = panel;
+  }
+
+  LinearShape shape() const { return LinearShape{k_, n_, dtype_, bias_ != nullptr}; }
+
+  // Set at pack time from the measured choice for this shape.
+  bool UsesSmallM(int64_t m) const {
+    return panel_ && m <= kSmallMMaxRows && (small_m_rows_mask_ >> (m - 1) & 1u) != 0;
+  }
+  void set_small_m_rows_mask(uint32_t mask) { small_m_rows_mask_ = mask; }
+  void set_k_block(int64_t k_block) { panel_->k_block = k_block; }
+  void set_small_m_bit_identical(bool identical) { small_m_bit_identical_ = identical; }
+  bool small_m_bit_identical() const { return small_m_bit_identical_; }
 
   // Plain W[N, K] in the compute dtype is weights {K, N} in layout `ba`.
   memory::desc PlainDesc(int64_t rows) const {
@@ -350,11 +384,22 @@ class OneDnnLinear final : public PackedLinear {
   size_t packed_bytes() const override { return packed_bytes_; }
   std::string kernel_name() const override { return kernel_name_; }
 
-  absl::Status Forward(const float* x, int64_t m, float* y) const {
+  bool has_small_m() const { return panel_.has_value(); }
+
+  absl::Status Forward(const float* x, int64_t m, float* y, LinearPath path) const {
     if (m < 0) return absl::InvalidArgumentError(absl::StrCat(name_, ": negative m ", m));
     if (m == 0) return absl::OkStatus();
     if (x == nullptr || y == nullptr) {
       return absl::InvalidArgumentError(absl::StrCat(name_, ": null input or output"));
+    }
+    if (path == LinearPath::kSmallM && (!panel_ || m > kSmallMMaxRows)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(name_, ": the small-M kernel cannot run this linear at M=", m,
+                       panel_ ? "" : " (packed layout or CPU features do not allow it)"));
+    }
+    if (path == LinearPath::kSmallM || (path == LinearPath::kChosen && UsesSmallM(m))) {
+      RunSmallM(*panel_, x, m, y, omp_get_max_threads());
+      return absl::OkStatus();
     }
     try {
       dnnl::stream& stream = ThreadStream(engine_);
@@ -442,6 +487,9 @@ class OneDnnLinear final : public PackedLinear {
   std::string kernel_name_;
   size_t packed_bytes_ = 0;
   mutable std::atomic<bool> fallback_logged_{false};
+  std::optional<PanelWeights> panel_;
+  uint32_t small_m_rows_mask_ = 0;
+  bool small_m_bit_identical_ = false;
 };
 
 // ---- Validation and the backend --------------------------------------------------------------
@@ -499,6 +547,97 @@ absl::Status Guarded(const std::string& name, Fn&& fn) {
   } catch (const std::exception& e) {
     return absl::InternalError(absl::StrCat("PackLinear(", name, "): ", e.what()));
   }
+}
+
+// A measurement round runs the weights of one shape in turn up to this many bytes (at least one
+// weight), as decode runs a model's layers: more than a last-level cache holds (32 MB per Zen 4
+// CCD), so a model whose layers exceed the caches is timed streaming from memory, and a small one
+// from cache, as each will run.
+constexpr size_t kRoundBytes = size_t{48} << 20;
+// A single weight above this is not timed (an LM head: ~100 ms a measurement); it takes the choice
+// of the largest timed shape with its K and dtype, or is timed when there is none.
+constexpr size_t kLargestTimedBytes = size_t{64} << 20;
+
+// Sets each linear's kernel per M from the choice for its shape (linear_dispatch.h).
+absl::Status ChooseKernels(const std::vector<std::unique_ptr<OneDnnLinear>>& linears) {
+  struct Group {
+    LinearShape shape;
+    std::vector<OneDnnLinear*> members;
+    size_t bytes = 0;  // one weight's
+  };
+  std::vector<Group> groups;
+  for (const auto& linear : linears) {
+    if (!linear->has_small_m()) continue;
+    const LinearShape shape = linear->shape();
+    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
+      return g.shape.k == shape.k && g.shape.n == shape.n && g.shape.dtype == shape.dtype &&
+             g.shape.bias == shape.bias;
+    });
+    if (it == groups.end()) {
+      groups.push_back(Group{shape, {}, linear->packed_bytes()});
+      it = groups.end() - 1;
+    }
+    it->members.push_back(linear.get());
+  }
+  std::sort(groups.begin(), groups.end(),
+            [](const Group& a, const Group& b) { return a.bytes < b.bytes; });
+  std::vector<std::pair<LinearShape, KernelChoice>> timed;
+  absl::Status status;
+  auto run = [&](OneDnnLinear* linear, const float* x, int64_t m, float* y, LinearPath path) {
+    absl::Status result = linear->Forward(x, m, y, path);
+    if (!result.ok() && status.ok()) status = result;
+  };
+  for (Group& group : groups) {
+    const LinearShape& shape = group.shape;
+    const int64_t rows = kSmallMMaxRows;
+    // The probe input: varied values, so that a different order of sums shows in the bits.
+    std::vector<float> x(static_cast<size_t>(rows * shape.k));
+    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) + 0.01f;
+    std::vector<float> y(static_cast<size_t>(rows * shape.n));
+    std::vector<float> reference;
+    auto probe = [&](int64_t k_block) {
+      for (OneDnnLinear* linear : group.members) linear->set_k_block(k_block);
+      OneDnnLinear* first = group.members.front();
+      if (reference.empty()) {
+        reference.resize(y.size() + static_cast<size_t>(shape.n));
+        run(first, x.data(), 1, reference.data(), LinearPath::kBrgemm);
+        run(first, x.data(), rows, reference.data() + shape.n, LinearPath::kBrgemm);
+      }
+      for (const int64_t m : {int64_t{1}, rows}) {
+        run(first, x.data(), m, y.data(), LinearPath::kSmallM);
+        const float* expected = reference.data() + (m == 1 ? 0 : shape.n);
+        if (std::memcmp(y.data(), expected, static_cast<size_t>(m * shape.n) * sizeof(float)) !=
+            0) {
+          return false;
+        }
+      }
+      return true;
+    };
+    auto round = [&](int64_t m, bool small_m) {
+      size_t bytes = 0;
+      for (OneDnnLinear* linear : group.members) {
+        run(linear, x.data(), m, y.data(), small_m ? LinearPath::kSmallM : LinearPath::kBrgemm);
+        bytes += linear->packed_bytes();
+        if (bytes >= kRoundBytes) break;
+      }
+    };
+    const std::pair<LinearShape, KernelChoice>* like = nullptr;
+    if (group.bytes > kLargestTimedBytes) {
+      for (const auto& entry : timed) {
+        if (entry.first.k == shape.k && entry.first.dtype == shape.dtype) like = &entry;
+      }
+    }
+    const KernelChoice choice = ChooseKernel(shape, probe, round, like ? &like->first : nullptr,
+                                             like ? &like->second : nullptr);
+    KILN_RETURN_IF_ERROR(status);
+    timed.emplace_back(shape, choice);
+    for (OneDnnLinear* linear : group.members) {
+      linear->set_k_block(choice.k_block);
+      linear->set_small_m_rows_mask(choice.small_m_rows);
+      linear->set_small_m_bit_identical(choice.bit_identical);
+    }
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace
@@ -569,17 +708,29 @@ absl::StatusOr<std::vector<std::unique_ptr<PackedLinear>>> OneDnnPacker::Pack(
   work();
   for (std::thread& thread : pool) thread.join();
   for (const absl::Status& status : statuses) KILN_RETURN_IF_ERROR(status);
+  KILN_RETURN_IF_ERROR(ChooseKernels(linears));
   return std::vector<std::unique_ptr<PackedLinear>>(std::make_move_iterator(linears.begin()),
                                                     std::make_move_iterator(linears.end()));
 }
 
-absl::Status RunLinear(const PackedLinear& linear, const float* x, int64_t m, float* y) {
+absl::Status RunLinear(const PackedLinear& linear, const float* x, int64_t m, float* y,
+                       LinearPath path) {
   const auto* packed = dynamic_cast<const OneDnnLinear*>(&linear);
   if (packed == nullptr) {
     return absl::InvalidArgumentError(
         absl::StrCat(linear.name(), " was not packed by the CPU backend"));
   }
-  return packed->Forward(x, m, y);
+  return packed->Forward(x, m, y, path);
+}
+
+bool HasSmallMKernel(const PackedLinear& linear) {
+  const auto* packed = dynamic_cast<const OneDnnLinear*>(&linear);
+  return packed != nullptr && packed->has_small_m();
+}
+
+bool SmallMKernelIsBitIdentical(const PackedLinear& linear) {
+  const auto* packed = dynamic_cast<const OneDnnLinear*>(&linear);
+  return packed != nullptr && packed->has_small_m() && packed->small_m_bit_identical();
 }
 
 }  // namespace kiln::cpu

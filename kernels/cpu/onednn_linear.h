@@ -31,8 +31,20 @@ class OneDnnPacker {
   std::unique_ptr<State> state_;
 };
 
+// Which kernel runs a call. kChosen is what serving uses: the small-M kernel for the row counts
+// where it measured faster on this shape, brgemm otherwise. The others are for benches and tests.
+enum class LinearPath { kChosen, kBrgemm, kSmallM };
+
 // y[m, n] = x[m, k]·Wᵀ (+ bias) for a linear packed by a OneDnnPacker; x and y contiguous fp32.
-// InvalidArgument for a linear another backend packed. Thread-safe.
-absl::Status RunLinear(const PackedLinear& linear, const float* x, int64_t m, float* y);
+// InvalidArgument for a linear another backend packed, or for kSmallM where that kernel cannot
+// run (layout, CPU, or m > kSmallMMaxRows). Thread-safe.
+absl::Status RunLinear(const PackedLinear& linear, const float* x, int64_t m, float* y,
+                       LinearPath path = LinearPath::kChosen);
+
+// Whether the small-M kernel can run this linear (packed layout and CPU features).
+bool HasSmallMKernel(const PackedLinear& linear);
+// Whether it gives brgemm's results bit for bit on this linear (linear_dispatch.h); where it does
+// not, serving runs brgemm only.
+bool SmallMKernelIsBitIdentical(const PackedLinear& linear);
 
 }  // namespace kiln::cpu

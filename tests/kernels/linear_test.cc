@@ -13,6 +13,8 @@
 #include <vector>
 
 #include "kernels/backend_registry.h"
+#include "kernels/cpu/onednn_linear.h"
+#include "kernels/cpu/small_m_linear.h"
 
 namespace kiln {
 
@@ -400,6 +402,107 @@ TEST(PackedLinearKernelTest, TypicalLlmShapeUsesBrgemm) {
         << DTypeName(compute) << ": " << (*linear)->kernel_name();
     CheckForward(**linear, p, {1});
   }
+}
+
+// ---- The small-M kernel (decode and speculative verification rows) --------------------------
+
+bool HasAmx() { return __builtin_cpu_supports("amx-bf16"); }
+
+// Each call with an explicit kernel, misaligned x and y, checked against the reference and for
+// overruns; returns y.
+std::vector<float> RunPath(const PackedLinear& linear, const Problem& p, int64_t m,
+                           cpu::LinearPath path) {
+  std::vector<float> x_storage = RandomInput(m * p.k + 1, static_cast<uint32_t>(m * 13 + 5));
+  std::vector<float> x(x_storage.begin() + 1, x_storage.end());
+  std::vector<float> y_storage(m * p.n + 1 + 16, -777.0f);
+  float* y = y_storage.data() + 1;
+  const absl::Status status = cpu::RunLinear(linear, x_storage.data() + 1, m, y, path);
+  EXPECT_TRUE(status.ok()) << status;
+  ExpectMatchesReference(p, x, m, y);
+  for (int64_t i = m * p.n; i < m * p.n + 16; ++i) EXPECT_EQ(y[i], -777.0f) << "overrun";
+  return std::vector<float>(y, y + m * p.n);
+}
+
+// Ragged K and N (K padding inside the 16-value layout block, partial last panels), K on both
+// sides of brgemm's K blocks (512, 1024), with and without bias, M = 1..8: the small-M kernel
+// matches the double reference, and where the dispatcher found brgemm's K blocking (always on
+// AVX-512 BF16 CPUs without AMX) it equals brgemm bit for bit.
+TEST_P(PackedLinearTest, SmallMKernelMatchesTheReferenceAndBrgemmBitForBit) {
+  if (!cpu::SmallMKernelSupported(GetParam())) {
+    GTEST_SKIP() << "this CPU lacks the AVX-512 instructions of the small-M kernel for "
+                 << DTypeName(GetParam());
+  }
+  std::unique_ptr<Backend> backend = MakeBackend();
+  ASSERT_NE(backend, nullptr);
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {
+      {1, 1}, {33, 17}, {100, 200}, {384, 640}, {520, 64}, {896, 130}, {1100, 70}, {2100, 96}};
+  uint32_t seed = 500;
+  int identical = 0;
+  for (const auto& [k, n] : shapes) {
+    for (bool bias : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "K=" << k << " N=" << n << " bias=" << bias);
+      Problem p = MakeProblem(GetParam(), DType::kBF16, k, {n}, bias, seed++);
+      auto linear = backend->PackLinear(p.Spec("test.small_m"));
+      ASSERT_TRUE(linear.ok()) << linear.status();
+      ASSERT_TRUE(cpu::HasSmallMKernel(**linear)) << (*linear)->kernel_name();
+      const bool bit_identical = cpu::SmallMKernelIsBitIdentical(**linear);
+      identical += bit_identical;
+      for (int64_t m = 1; m <= cpu::kSmallMMaxRows; ++m) {
+        SCOPED_TRACE(testing::Message() << "M=" << m);
+        const std::vector<float> small = RunPath(**linear, p, m, cpu::LinearPath::kSmallM);
+        const std::vector<float> brgemm = RunPath(**linear, p, m, cpu::LinearPath::kBrgemm);
+        if (bit_identical) {
+          ASSERT_EQ(std::memcmp(small.data(), brgemm.data(), small.size() * sizeof(float)), 0);
+        }
+      }
+    }
+  }
+  if (!HasAmx()) {
+    EXPECT_EQ(identical, 2 * static_cast<int>(shapes.size()))
+        << "without AMX, oneDNN's brgemm blocks K in a way the small-M kernel reproduces";
+  }
+}
+
+// Whatever kernel each M picks, a row's result is the same bits alone or among other rows, so
+// greedy output does not change with the batch or with speculative verification.
+TEST_P(PackedLinearTest, ARowGivesTheSameBitsAloneAndInAnyBatch) {
+  if (HasAmx()) {
+    GTEST_SKIP() << "oneDNN's AMX brgemm (M ≥ 5) sums in another order than its AVX-512 one";
+  }
+  std::unique_ptr<Backend> backend = MakeBackend();
+  ASSERT_NE(backend, nullptr);
+  for (const auto& [k, n] : std::vector<std::pair<int64_t, int64_t>>{{384, 640}, {1100, 200}}) {
+    SCOPED_TRACE(testing::Message() << "K=" << k << " N=" << n);
+    Problem p = MakeProblem(GetParam(), DType::kBF16, k, {n}, true, 77);
+    auto linear = backend->PackLinear(p.Spec("test.invariance"));
+    ASSERT_TRUE(linear.ok()) << linear.status();
+    const std::vector<float> x = RandomInput(24 * k, 3);
+    std::vector<float> alone(24 * n);
+    for (int64_t r = 0; r < 24; ++r) {
+      ASSERT_TRUE(RunLinear(**linear, x.data() + r * k, 1, alone.data() + r * n).ok());
+    }
+    for (int64_t m = 2; m <= 24; ++m) {
+      std::vector<float> batch(m * n);
+      ASSERT_TRUE(RunLinear(**linear, x.data(), m, batch.data()).ok());
+      ASSERT_EQ(std::memcmp(batch.data(), alone.data(), batch.size() * sizeof(float)), 0)
+          << "M=" << m;
+    }
+  }
+}
+
+TEST(PackedLinearKernelTest, SmallMKernelRefusesMoreRowsThanItTakes) {
+  std::unique_ptr<Backend> backend = MakeBackend();
+  ASSERT_NE(backend, nullptr);
+  Problem p = MakeProblem(DType::kF32, DType::kF32, 64, {64}, false, 5);
+  auto linear = backend->PackLinear(p.Spec("test.rows"));
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  std::vector<float> x(9 * 64, 1.0f);
+  std::vector<float> y(9 * 64);
+  const absl::Status status =
+      cpu::RunLinear(**linear, x.data(), 9, y.data(), cpu::LinearPath::kSmallM);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(status.message().find("test.rows"), std::string::npos) << status;
+  EXPECT_NE(status.message().find("M=9"), std::string::npos) << status;
 }
 
 }  // namespace

@@ -1,0 +1,145 @@
+// Decode-path linears, kernel against kernel: the small-M panel kernel and oneDNN's brgemm on the
+// same packed weights, M = 1..8, alternating, medians. Each shape is packed `--copies` times and a
+// measurement runs once over every copy, as decode runs a layer's weights once per step, so the
+// weights come from memory (or from cache, for shapes and copies that fit, as in a small model).
+// Prints GB/s of weight streamed for each kernel, the ratio, the kernel serving would choose and
+// the read bandwidth of this machine for the roofline.
+#include <omp.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_split.h"
+#include "base/logging.h"
+#include "bench/bench_util.h"
+#include "kernels/backend_registry.h"
+#include "kernels/cpu/onednn_linear.h"
+#include "kernels/cpu/small_m_linear.h"
+#include "kernels/dtype.h"
+
+ABSL_FLAG(std::string, shapes, "896x1152,896x896,896x9728,4864x896,896x151936",
+          "comma-separated KxN (default: the linears of a Qwen2.5-0.5B layer and its LM head)");
+ABSL_FLAG(std::string, copies, "24,24,24,24,1",
+          "copies of each shape, run one after another per measurement (layers of a model)");
+ABSL_FLAG(std::string, dtype, "bf16", "bf16 or f32");
+ABSL_FLAG(int32_t, max_m, 8, "largest M measured");
+ABSL_FLAG(int32_t, repeats, 7, "measurements per kernel and M (the median is printed)");
+
+namespace kiln {
+namespace {
+
+using bench::Clock;
+using bench::Median;
+using bench::Seconds;
+
+struct Shape {
+  int64_t k = 0;
+  int64_t n = 0;
+  int copies = 1;
+};
+
+std::vector<Shape> ParseShapes() {
+  std::vector<Shape> shapes;
+  const std::vector<std::string> copies = absl::StrSplit(absl::GetFlag(FLAGS_copies), ',');
+  size_t i = 0;
+  for (absl::string_view text : absl::StrSplit(absl::GetFlag(FLAGS_shapes), ',')) {
+    std::vector<std::string> kn = absl::StrSplit(text, 'x');
+    Shape shape;
+    if (kn.size() != 2 || !absl::SimpleAtoi(kn[0], &shape.k) ||
+        !absl::SimpleAtoi(kn[1], &shape.n)) {
+      LOG(FATAL) << "bad shape " << text << " (want KxN)";
+    }
+    if (i < copies.size() && !absl::SimpleAtoi(copies[i], &shape.copies)) {
+      LOG(FATAL) << "bad copies " << copies[i];
+    }
+    ++i;
+    shapes.push_back(shape);
+  }
+  return shapes;
+}
+
+int Main() {
+  const DType dtype = absl::GetFlag(FLAGS_dtype) == "f32" ? DType::kF32 : DType::kBF16;
+  const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
+  const int max_m =
+      std::clamp(absl::GetFlag(FLAGS_max_m), 1, static_cast<int>(cpu::kSmallMMaxRows));
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu");
+  CHECK(backend.ok()) << backend.status();
+  std::printf("backend %s, %s weights\n", std::string((*backend)->description()).c_str(),
+              std::string(DTypeName(dtype)).c_str());
+  std::printf("%-14s %6s %2s %12s %12s %8s %8s %10s\n", "K x N", "copies", "M", "small-M GB/s",
+              "brgemm GB/s", "ratio", "max err", "chosen");
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const Shape& shape : ParseShapes()) {
+    std::vector<float> weight(static_cast<size_t>(shape.k * shape.n));
+    for (float& v : weight) v = normal(rng) * 0.05f;
+    std::vector<std::unique_ptr<PackedLinear>> linears;
+    for (int c = 0; c < shape.copies; ++c) {
+      LinearPackSpec spec;
+      spec.name = "bench";
+      spec.compute_dtype = dtype;
+      spec.row_blocks.push_back(WeightView{DType::kF32, shape.n, shape.k,
+                                           reinterpret_cast<const std::byte*>(weight.data())});
+      absl::StatusOr<std::unique_ptr<PackedLinear>> packed = (*backend)->PackLinear(spec);
+      CHECK(packed.ok()) << packed.status();
+      linears.push_back(*std::move(packed));
+    }
+    if (!cpu::HasSmallMKernel(*linears[0])) {
+      std::printf("%6ldx%-7ld no small-M kernel for this layout/CPU (%s)\n", shape.k, shape.n,
+                  linears[0]->kernel_name().c_str());
+      continue;
+    }
+    const double bytes = static_cast<double>(shape.k * shape.n) * DTypeSize(dtype) * shape.copies;
+    std::vector<float> x(static_cast<size_t>(max_m * shape.k));
+    for (float& v : x) v = normal(rng);
+    std::vector<float> y_small(static_cast<size_t>(max_m * shape.n));
+    std::vector<float> y_brgemm(y_small.size());
+    for (int m = 1; m <= max_m; ++m) {
+      auto pass = [&](cpu::LinearPath path, std::vector<float>& y) {
+        const auto start = Clock::now();
+        for (const auto& linear : linears) {
+          CHECK(cpu::RunLinear(*linear, x.data(), m, y.data(), path).ok());
+        }
+        return Seconds(start);
+      };
+      std::vector<double> small;
+      std::vector<double> brgemm;
+      std::vector<double> chosen;
+      pass(cpu::LinearPath::kSmallM, y_small);
+      pass(cpu::LinearPath::kBrgemm, y_brgemm);
+      for (int r = 0; r < repeats; ++r) {
+        small.push_back(pass(cpu::LinearPath::kSmallM, y_small));
+        brgemm.push_back(pass(cpu::LinearPath::kBrgemm, y_brgemm));
+        chosen.push_back(pass(cpu::LinearPath::kChosen, y_brgemm));
+      }
+      pass(cpu::LinearPath::kBrgemm, y_brgemm);
+      double max_err = 0.0;
+      for (int64_t i = 0; i < m * shape.n; ++i) {
+        max_err = std::max(max_err, std::abs(static_cast<double>(y_small[i]) - y_brgemm[i]) /
+                                        (1.0 + std::abs(static_cast<double>(y_brgemm[i]))));
+      }
+      const double t_small = Median(small);
+      const double t_brgemm = Median(brgemm);
+      const double t_chosen = Median(chosen);
+      std::printf("%6ldx%-7ld %6d %2d %12.1f %12.1f %7.2fx %8.1e %10.1f\n", shape.k, shape.n,
+                  shape.copies, m, bytes / t_small / 1e9, bytes / t_brgemm / 1e9,
+                  t_brgemm / t_small, max_err, bytes / t_chosen / 1e9);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kiln
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return kiln::Main();
+}

@@ -1,0 +1,197 @@
+#include "kernels/cpu/linear_dispatch.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
+#include "base/logging.h"
+
+namespace kiln::cpu {
+namespace {
+
+struct Key {
+  int64_t k;
+  int64_t n;
+  DType dtype;
+  bool bias;
+  friend bool operator==(const Key& a, const Key& b) {
+    return a.k == b.k && a.n == b.n && a.dtype == b.dtype && a.bias == b.bias;
+  }
+  template <typename H>
+  friend H AbslHashValue(H h, const Key& key) {
+    return H::combine(std::move(h), key.k, key.n, key.dtype, key.bias);
+  }
+};
+
+Key KeyOf(const LinearShape& s) { return Key{s.k, s.n, s.dtype, s.bias}; }
+
+struct Memo {
+  absl::Mutex mu;
+  absl::flat_hash_map<Key, KernelChoice> choices ABSL_GUARDED_BY(mu);
+};
+
+Memo& TheMemo() {
+  static Memo* const memo = new Memo();  // never destroyed: used until the process ends
+  return *memo;
+}
+
+// The measured M and the rows each stands for.
+struct Bucket {
+  int64_t m;
+  int first;
+  int last;
+};
+constexpr Bucket kBuckets[] = {{1, 1, 1}, {3, 2, 4}, {8, 5, 8}};
+// Timed rounds per kernel and bucket, after one untimed round each.
+constexpr int kTimedRounds = 3;
+
+uint32_t RowsMask(int first, int last) {
+  uint32_t mask = 0;
+  for (int m = first; m <= last; ++m) mask |= 1u << (m - 1);
+  return mask;
+}
+
+std::string RowsText(uint32_t mask) {
+  std::vector<std::string> parts;
+  for (int m = 1; m <= 8; ++m) {
+    if (mask >> (m - 1) & 1u) parts.push_back(absl::StrCat(m));
+  }
+  return parts.empty() ? "none" : absl::StrJoin(parts, ",");
+}
+
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
+// Seconds one round takes.
+double Time(RoundFn round, int64_t m, bool small_m) {
+  const auto start = std::chrono::steady_clock::now();
+  round(m, small_m);
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Bit m-1 set where the small-M kernel measured faster; `summary` says what was measured.
+uint32_t Measure(RoundFn round, std::string* summary) {
+  uint32_t small_m_rows = 0;
+  std::string times;
+  for (const Bucket& bucket : kBuckets) {
+    round(bucket.m, true);
+    round(bucket.m, false);
+    std::vector<double> small;
+    std::vector<double> brgemm;
+    for (int r = 0; r < kTimedRounds; ++r) {
+      small.push_back(Time(round, bucket.m, true));
+      brgemm.push_back(Time(round, bucket.m, false));
+    }
+    const double t_small = Median(small);
+    const double t_brgemm = Median(brgemm);
+    if (t_small <= t_brgemm) small_m_rows |= RowsMask(bucket.first, bucket.last);
+    absl::StrAppendFormat(&times, "%sM=%d %.0f vs %.0f us", times.empty() ? "" : ", ", bucket.m,
+                          t_small * 1e6, t_brgemm * 1e6);
+  }
+  *summary = absl::StrCat(
+      "small-M kernel for M in {", RowsText(small_m_rows),
+      "}, brgemm for larger M and the rest (per round, small-M vs brgemm: ", times, ")");
+  return small_m_rows;
+}
+
+// KILN_LINEAR_KERNEL, read once.
+enum class Pin { kAuto, kBrgemm, kSmallM };
+Pin ThePin() {
+  static const Pin pin = [] {
+    const char* value = std::getenv("KILN_LINEAR_KERNEL");
+    const std::string text = value == nullptr ? "" : value;
+    if (text.empty() || text == "auto") return Pin::kAuto;
+    if (text == "brgemm") return Pin::kBrgemm;
+    if (text == "small_m") return Pin::kSmallM;
+    LOG(WARNING) << "KILN_LINEAR_KERNEL=" << text
+                 << " is not one of auto, brgemm, small_m; measuring (auto)";
+    return Pin::kAuto;
+  }();
+  return pin;
+}
+
+}  // namespace
+
+std::string DescribeShape(const LinearShape& shape) {
+  return absl::StrCat("[K=", shape.k, ", N=", shape.n, "] ", DTypeName(shape.dtype),
+                      shape.bias ? " +bias" : "");
+}
+
+bool KnownChoice(const LinearShape& shape, KernelChoice* choice) {
+  Memo& memo = TheMemo();
+  absl::MutexLock lock(&memo.mu);
+  auto it = memo.choices.find(KeyOf(shape));
+  if (it == memo.choices.end()) return false;
+  *choice = it->second;
+  return true;
+}
+
+namespace {
+
+// The K blockings tried, likeliest first (oneDNN 2.6's bf16 brgemm: all of K up to 512, 512 up to
+// 1024, 1024 above).
+std::vector<int64_t> Candidates(const LinearShape& shape, const KernelChoice* like) {
+  std::vector<int64_t> tried;
+  auto add = [&](int64_t k_block) {
+    if (k_block >= shape.k) k_block = 0;
+    if (std::find(tried.begin(), tried.end(), k_block) == tried.end()) tried.push_back(k_block);
+  };
+  if (like != nullptr) add(like->k_block);
+  add(shape.k <= 512 ? 0 : shape.k <= 1024 ? 512 : 1024);
+  for (int64_t k_block : {0, 512, 1024, 256, 2048, 128, 384, 768, 64, 32, 16}) add(k_block);
+  return tried;
+}
+
+}  // namespace
+
+KernelChoice ChooseKernel(const LinearShape& shape, ProbeFn probe, RoundFn round,
+                          const LinearShape* like_shape, const KernelChoice* like) {
+  KernelChoice choice;
+  if (KnownChoice(shape, &choice)) return choice;
+  const Pin pin = ThePin();
+  bool found = false;
+  for (int64_t k_block : Candidates(shape, like)) {
+    if (probe(k_block)) {
+      choice.k_block = k_block;
+      choice.bit_identical = found = true;
+      break;
+    }
+  }
+  if (!found && pin != Pin::kSmallM) {
+    choice.summary =
+        "brgemm for every M (no K blocking makes the small-M kernel's sums equal brgemm's)";
+  } else if (pin == Pin::kBrgemm) {
+    choice.summary = "brgemm for every M (KILN_LINEAR_KERNEL=brgemm)";
+  } else if (pin == Pin::kSmallM) {
+    if (!found) probe(choice.k_block);
+    choice.small_m_rows = RowsMask(1, 8);
+    choice.summary = "small-M kernel for M ≤ 8 (KILN_LINEAR_KERNEL=small_m)";
+  } else if (like != nullptr && like->k_block == choice.k_block) {
+    choice.small_m_rows = like->small_m_rows;
+    choice.summary = absl::StrCat("as ", DescribeShape(*like_shape), ": ", like->summary);
+  } else {
+    const uint32_t rows = Measure(round, &choice.summary);  // outside the lock: milliseconds
+    choice.small_m_rows = rows;
+  }
+  if (found && choice.small_m_rows != 0) {
+    absl::StrAppend(&choice.summary, "; K blocks of ",
+                    choice.k_block == 0 ? std::string("all of K") : absl::StrCat(choice.k_block),
+                    ", bit-identical to brgemm");
+  }
+  Memo& memo = TheMemo();
+  absl::MutexLock lock(&memo.mu);
+  auto [it, inserted] = memo.choices.emplace(KeyOf(shape), choice);
+  if (inserted) LOG(INFO) << "linear " << DescribeShape(shape) << ": " << it->second.summary;
+  return it->second;
+}
+
+}  // namespace kiln::cpu

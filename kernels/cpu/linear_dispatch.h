@@ -1,0 +1,54 @@
+// Which kernel runs a linear at each small M, chosen per weight shape by measuring both on the
+// packed weights of this machine (these machines change between runs: Xeon with AMX, EPYC
+// without), once per shape and process, and logged. KILN_LINEAR_KERNEL=brgemm|small_m pins the
+// choice (auto, the default, measures).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "absl/functional/function_ref.h"
+#include "kernels/dtype.h"
+
+namespace kiln::cpu {
+
+struct LinearShape {
+  int64_t k = 0;
+  int64_t n = 0;
+  DType dtype = DType::kF32;
+  bool bias = false;
+};
+
+struct KernelChoice {
+  uint32_t small_m_rows = 0;   // bit m-1 set: the small-M kernel runs m rows (1 ≤ m ≤ 8)
+  int64_t k_block = 0;         // PanelWeights::k_block that reproduces brgemm's sums
+  bool bit_identical = false;  // that blocking was found
+  std::string summary;         // for the log: the rows each kernel got and the times behind it
+};
+
+// Sets `k_block` on the shape's weights and says whether the small-M kernel then gives brgemm's
+// results bit for bit.
+using ProbeFn = absl::FunctionRef<bool(int64_t k_block)>;
+// Runs one measurement round: every weight of the shape that the caller chose to time, once, at
+// `m` rows, on the small-M kernel or on brgemm.
+using RoundFn = absl::FunctionRef<void(int64_t m, bool small_m)>;
+
+// The choice for `shape`, remembered per process (the caller then sets choice.k_block itself):
+//  1. the K blocking under which the small-M kernel reproduces brgemm bit for bit is found with
+//     `probe`; where none does, brgemm runs every M, so that which kernel a batch size picks never
+//     changes a result (greedy output alone = in a batch = verified by speculation);
+//  2. then the kernel per M is pinned by KILN_LINEAR_KERNEL, taken from `like` (a shape too large
+//     to time: an LM head takes the choice of the largest timed shape with its K) when `like`'s
+//     blocking reproduces this shape too, or measured with `round` (M = 1, 3 and 8 stand for 1,
+//     2-4 and 5-8; alternating kernels; medians). Thread-safe.
+KernelChoice ChooseKernel(const LinearShape& shape, ProbeFn probe, RoundFn round,
+                          const LinearShape* like_shape = nullptr,
+                          const KernelChoice* like = nullptr);
+
+// The choice already made for `shape` in this process (measured or pinned), if any.
+bool KnownChoice(const LinearShape& shape, KernelChoice* choice);
+
+// Describes the shape for logs: "[K=896, N=1152] bf16 +bias".
+std::string DescribeShape(const LinearShape& shape);
+
+}  // namespace kiln::cpu
