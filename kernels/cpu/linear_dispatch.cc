@@ -97,9 +97,10 @@ uint32_t Measure(RoundFn round, std::string* summary) {
     absl::StrAppendFormat(&times, "%sM=%d %.0f vs %.0f us", times.empty() ? "" : ", ", bucket.m,
                           t_small * 1e6, t_brgemm * 1e6);
   }
-  *summary = absl::StrCat(
-      "small-M kernel for M in {", RowsText(small_m_rows),
-      "}, brgemm for larger M and the rest (per round, small-M vs brgemm: ", times, ")");
+  const std::string measured = absl::StrCat("(per round, small-M vs brgemm: ", times, ")");
+  *summary = small_m_rows == 0 ? absl::StrCat("brgemm for every M ", measured)
+                               : absl::StrCat("small-M kernel for M in {", RowsText(small_m_rows),
+                                              "}, brgemm for the rest ", measured);
   return small_m_rows;
 }
 
