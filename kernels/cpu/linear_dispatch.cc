@@ -16,25 +16,9 @@
 namespace kiln::cpu {
 namespace {
 
-struct Key {
-  int64_t k;
-  int64_t n;
-  DType dtype;
-  bool bias;
-  friend bool operator==(const Key& a, const Key& b) {
-    return a.k == b.k && a.n == b.n && a.dtype == b.dtype && a.bias == b.bias;
-  }
-  template <typename H>
-  friend H AbslHashValue(H h, const Key& key) {
-    return H::combine(std::move(h), key.k, key.n, key.dtype, key.bias);
-  }
-};
-
-Key KeyOf(const LinearShape& s) { return Key{s.k, s.n, s.dtype, s.bias}; }
-
 struct Memo {
   absl::Mutex mu;
-  absl::flat_hash_map<Key, KernelChoice> choices ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<LinearShape, KernelChoice> choices ABSL_GUARDED_BY(mu);
 };
 
 Memo& TheMemo() {
@@ -130,7 +114,7 @@ std::string DescribeShape(const LinearShape& shape) {
 bool KnownChoice(const LinearShape& shape, KernelChoice* choice) {
   Memo& memo = TheMemo();
   absl::MutexLock lock(&memo.mu);
-  auto it = memo.choices.find(KeyOf(shape));
+  auto it = memo.choices.find(shape);
   if (it == memo.choices.end()) return false;
   *choice = it->second;
   return true;
@@ -190,7 +174,7 @@ KernelChoice ChooseKernel(const LinearShape& shape, ProbeFn probe, RoundFn round
   }
   Memo& memo = TheMemo();
   absl::MutexLock lock(&memo.mu);
-  auto [it, inserted] = memo.choices.emplace(KeyOf(shape), choice);
+  auto [it, inserted] = memo.choices.emplace(shape, choice);
   if (inserted) LOG(INFO) << "linear " << DescribeShape(shape) << ": " << it->second.summary;
   return it->second;
 }

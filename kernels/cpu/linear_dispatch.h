@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "absl/functional/function_ref.h"
 #include "kernels/dtype.h"
@@ -17,6 +18,12 @@ struct LinearShape {
   int64_t n = 0;
   DType dtype = DType::kF32;
   bool bias = false;
+
+  friend bool operator==(const LinearShape&, const LinearShape&) = default;
+  template <typename H>
+  friend H AbslHashValue(H h, const LinearShape& shape) {
+    return H::combine(std::move(h), shape.k, shape.n, shape.dtype, shape.bias);
+  }
 };
 
 struct KernelChoice {

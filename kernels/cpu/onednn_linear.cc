@@ -300,9 +300,12 @@ class OneDnnLinear final : public PackedLinear {
   bool UsesSmallM(int64_t m) const {
     return panel_ && m <= kSmallMMaxRows && (small_m_rows_mask_ >> (m - 1) & 1u) != 0;
   }
-  void set_small_m_rows_mask(uint32_t mask) { small_m_rows_mask_ = mask; }
   void set_k_block(int64_t k_block) { panel_->k_block = k_block; }
-  void set_small_m_bit_identical(bool identical) { small_m_bit_identical_ = identical; }
+  void ApplyChoice(const KernelChoice& choice) {
+    panel_->k_block = choice.k_block;
+    small_m_rows_mask_ = choice.small_m_rows;
+    small_m_bit_identical_ = choice.bit_identical;
+  }
   bool small_m_bit_identical() const { return small_m_bit_identical_; }
 
   // Plain W[N, K] in the compute dtype is weights {K, N} in layout `ba`.
@@ -558,84 +561,91 @@ constexpr size_t kRoundBytes = size_t{48} << 20;
 // of the largest timed shape with its K and dtype, or is timed when there is none.
 constexpr size_t kLargestTimedBytes = size_t{64} << 20;
 
-// Sets each linear's kernel per M from the choice for its shape (linear_dispatch.h).
-absl::Status ChooseKernels(const std::vector<std::unique_ptr<OneDnnLinear>>& linears) {
-  struct Group {
-    LinearShape shape;
-    std::vector<OneDnnLinear*> members;
-    size_t bytes = 0;  // one weight's
-  };
-  std::vector<Group> groups;
-  for (const auto& linear : linears) {
-    if (!linear->has_small_m()) continue;
-    const LinearShape shape = linear->shape();
-    auto it = std::find_if(groups.begin(), groups.end(), [&](const Group& g) {
-      return g.shape.k == shape.k && g.shape.n == shape.n && g.shape.dtype == shape.dtype &&
-             g.shape.bias == shape.bias;
-    });
-    if (it == groups.end()) {
-      groups.push_back(Group{shape, {}, linear->packed_bytes()});
-      it = groups.end() - 1;
-    }
-    it->members.push_back(linear.get());
-  }
-  std::sort(groups.begin(), groups.end(),
-            [](const Group& a, const Group& b) { return a.bytes < b.bytes; });
-  std::vector<std::pair<LinearShape, KernelChoice>> timed;
+// The linears of one shape in a Pack call.
+struct ShapeGroup {
+  LinearShape shape;
+  std::vector<OneDnnLinear*> members;
+  size_t bytes = 0;  // one weight's
+  KernelChoice choice;
+};
+
+// Finds the choice for a shape not chosen before in this process: probes for brgemm's K blocking
+// on the group's first weight, times both kernels over the group (ChooseKernel). `like`: a
+// smaller group with the same K and dtype whose choice a weight too large to time may take.
+absl::StatusOr<KernelChoice> FindChoice(const ShapeGroup& group, const ShapeGroup* like) {
+  const LinearShape& shape = group.shape;
   absl::Status status;
   auto run = [&](OneDnnLinear* linear, const float* x, int64_t m, float* y, LinearPath path) {
     absl::Status result = linear->Forward(x, m, y, path);
     if (!result.ok() && status.ok()) status = result;
   };
-  for (Group& group : groups) {
-    const LinearShape& shape = group.shape;
-    const int64_t rows = kSmallMMaxRows;
-    // The probe input: varied values, so that a different order of sums shows in the bits.
-    std::vector<float> x(static_cast<size_t>(rows * shape.k));
-    for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) + 0.01f;
-    std::vector<float> y(static_cast<size_t>(rows * shape.n));
-    std::vector<float> reference;
-    auto probe = [&](int64_t k_block) {
-      for (OneDnnLinear* linear : group.members) linear->set_k_block(k_block);
-      OneDnnLinear* first = group.members.front();
-      if (reference.empty()) {
-        reference.resize(y.size() + static_cast<size_t>(shape.n));
-        run(first, x.data(), 1, reference.data(), LinearPath::kBrgemm);
-        run(first, x.data(), rows, reference.data() + shape.n, LinearPath::kBrgemm);
+  const int64_t rows = kSmallMMaxRows;
+  // The probe input: varied values, so that a different order of sums shows in the bits.
+  std::vector<float> x(static_cast<size_t>(rows * shape.k));
+  for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) + 0.01f;
+  std::vector<float> y(static_cast<size_t>(rows * shape.n));
+  std::vector<float> reference;
+  auto probe = [&](int64_t k_block) {
+    for (OneDnnLinear* linear : group.members) linear->set_k_block(k_block);
+    OneDnnLinear* first = group.members.front();
+    if (reference.empty()) {
+      reference.resize(y.size() + static_cast<size_t>(shape.n));
+      run(first, x.data(), 1, reference.data(), LinearPath::kBrgemm);
+      run(first, x.data(), rows, reference.data() + shape.n, LinearPath::kBrgemm);
+    }
+    for (const int64_t m : {int64_t{1}, rows}) {
+      run(first, x.data(), m, y.data(), LinearPath::kSmallM);
+      const float* expected = reference.data() + (m == 1 ? 0 : shape.n);
+      if (std::memcmp(y.data(), expected, static_cast<size_t>(m * shape.n) * sizeof(float)) != 0) {
+        return false;
       }
-      for (const int64_t m : {int64_t{1}, rows}) {
-        run(first, x.data(), m, y.data(), LinearPath::kSmallM);
-        const float* expected = reference.data() + (m == 1 ? 0 : shape.n);
-        if (std::memcmp(y.data(), expected, static_cast<size_t>(m * shape.n) * sizeof(float)) !=
-            0) {
-          return false;
+    }
+    return true;
+  };
+  auto round = [&](int64_t m, bool small_m) {
+    size_t bytes = 0;
+    for (OneDnnLinear* linear : group.members) {
+      run(linear, x.data(), m, y.data(), small_m ? LinearPath::kSmallM : LinearPath::kBrgemm);
+      bytes += linear->packed_bytes();
+      if (bytes >= kRoundBytes) break;
+    }
+  };
+  KernelChoice choice = ChooseKernel(shape, probe, round, like ? &like->shape : nullptr,
+                                     like ? &like->choice : nullptr);
+  KILN_RETURN_IF_ERROR(status);
+  return choice;
+}
+
+// Sets each linear's kernel per M from the choice for its shape (linear_dispatch.h).
+absl::Status ChooseKernels(const std::vector<std::unique_ptr<OneDnnLinear>>& linears) {
+  std::vector<ShapeGroup> groups;
+  for (const auto& linear : linears) {
+    if (!linear->has_small_m()) continue;
+    const LinearShape shape = linear->shape();
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const ShapeGroup& g) { return g.shape == shape; });
+    if (it == groups.end()) {
+      groups.push_back(ShapeGroup{shape, {}, linear->packed_bytes(), {}});
+      it = groups.end() - 1;
+    }
+    it->members.push_back(linear.get());
+  }
+  // Smallest first: a weight too large to time looks among the groups before it.
+  std::sort(groups.begin(), groups.end(),
+            [](const ShapeGroup& a, const ShapeGroup& b) { return a.bytes < b.bytes; });
+  for (auto group = groups.begin(); group != groups.end(); ++group) {
+    if (!KnownChoice(group->shape, &group->choice)) {
+      const ShapeGroup* like = nullptr;
+      if (group->bytes > kLargestTimedBytes) {
+        for (auto before = groups.begin(); before != group; ++before) {
+          if (before->shape.k == group->shape.k && before->shape.dtype == group->shape.dtype) {
+            like = &*before;
+          }
         }
       }
-      return true;
-    };
-    auto round = [&](int64_t m, bool small_m) {
-      size_t bytes = 0;
-      for (OneDnnLinear* linear : group.members) {
-        run(linear, x.data(), m, y.data(), small_m ? LinearPath::kSmallM : LinearPath::kBrgemm);
-        bytes += linear->packed_bytes();
-        if (bytes >= kRoundBytes) break;
-      }
-    };
-    const std::pair<LinearShape, KernelChoice>* like = nullptr;
-    if (group.bytes > kLargestTimedBytes) {
-      for (const auto& entry : timed) {
-        if (entry.first.k == shape.k && entry.first.dtype == shape.dtype) like = &entry;
-      }
+      KILN_ASSIGN_OR_RETURN(group->choice, FindChoice(*group, like));
     }
-    const KernelChoice choice = ChooseKernel(shape, probe, round, like ? &like->first : nullptr,
-                                             like ? &like->second : nullptr);
-    KILN_RETURN_IF_ERROR(status);
-    timed.emplace_back(shape, choice);
-    for (OneDnnLinear* linear : group.members) {
-      linear->set_k_block(choice.k_block);
-      linear->set_small_m_rows_mask(choice.small_m_rows);
-      linear->set_small_m_bit_identical(choice.bit_identical);
-    }
+    for (OneDnnLinear* linear : group->members) linear->ApplyChoice(group->choice);
   }
   return absl::OkStatus();
 }

@@ -47,6 +47,30 @@ KILN_AVX512_TARGET inline void StorePanel(const __m512 (&acc)[R][4], const float
 
 inline void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 
+// Runs rows.template operator()<R, B>() for m rows (1-8): up to 4 rows take the whole panel in one
+// pass (B = 4 column vectors), 5-8 take it in two halves (B = 2), as the Panel functions say.
+template <typename Rows>
+void ForRowCount(int64_t m, Rows&& rows) {
+  switch (m) {
+    case 1:
+      return rows.template operator()<1, 4>();
+    case 2:
+      return rows.template operator()<2, 4>();
+    case 3:
+      return rows.template operator()<3, 4>();
+    case 4:
+      return rows.template operator()<4, 4>();
+    case 5:
+      return rows.template operator()<5, 2>();
+    case 6:
+      return rows.template operator()<6, 2>();
+    case 7:
+      return rows.template operator()<7, 2>();
+    default:
+      return rows.template operator()<8, 2>();
+  }
+}
+
 // ---- bf16: a panel is [k_padded / 2][64][2]; one k pair of 64 columns is 4 vectors ------------
 
 // Accumulates R rows × B column vectors (16 columns each) of one panel over k pairs
@@ -104,36 +128,10 @@ KILN_AVX512_BF16_TARGET void RowsBf16(const PanelWeights& w, const uint32_t* x, 
   }
 }
 
-KILN_AVX512_BF16_TARGET void RangeBf16(const PanelWeights& w, const uint16_t* x, int64_t m,
-                                       int64_t p_begin, int64_t p_end, float* y) {
+void RangeBf16(const PanelWeights& w, const uint16_t* x, int64_t m, int64_t p_begin, int64_t p_end,
+               float* y) {
   const auto* xp = reinterpret_cast<const uint32_t*>(x);
-  const int64_t s = w.k_padded / 2;
-  switch (m) {
-    case 1:
-      RowsBf16<1, 4>(w, xp, s, p_begin, p_end, y);
-      break;
-    case 2:
-      RowsBf16<2, 4>(w, xp, s, p_begin, p_end, y);
-      break;
-    case 3:
-      RowsBf16<3, 4>(w, xp, s, p_begin, p_end, y);
-      break;
-    case 4:
-      RowsBf16<4, 4>(w, xp, s, p_begin, p_end, y);
-      break;
-    case 5:
-      RowsBf16<5, 2>(w, xp, s, p_begin, p_end, y);
-      break;
-    case 6:
-      RowsBf16<6, 2>(w, xp, s, p_begin, p_end, y);
-      break;
-    case 7:
-      RowsBf16<7, 2>(w, xp, s, p_begin, p_end, y);
-      break;
-    default:
-      RowsBf16<8, 2>(w, xp, s, p_begin, p_end, y);
-      break;
-  }
+  ForRowCount(m, [&]<int R, int B>() { RowsBf16<R, B>(w, xp, w.k_padded / 2, p_begin, p_end, y); });
 }
 
 // Same rounding as the brgemm path's activation conversion (nearest even).
@@ -201,35 +199,9 @@ KILN_AVX512_TARGET void RowsF32(const PanelWeights& w, const float* x, int64_t x
   }
 }
 
-KILN_AVX512_TARGET void RangeF32(const PanelWeights& w, const float* x, int64_t m, int64_t p_begin,
-                                 int64_t p_end, float* y) {
-  const int64_t s = w.k_padded;
-  switch (m) {
-    case 1:
-      RowsF32<1, 4>(w, x, s, p_begin, p_end, y);
-      break;
-    case 2:
-      RowsF32<2, 4>(w, x, s, p_begin, p_end, y);
-      break;
-    case 3:
-      RowsF32<3, 4>(w, x, s, p_begin, p_end, y);
-      break;
-    case 4:
-      RowsF32<4, 4>(w, x, s, p_begin, p_end, y);
-      break;
-    case 5:
-      RowsF32<5, 2>(w, x, s, p_begin, p_end, y);
-      break;
-    case 6:
-      RowsF32<6, 2>(w, x, s, p_begin, p_end, y);
-      break;
-    case 7:
-      RowsF32<7, 2>(w, x, s, p_begin, p_end, y);
-      break;
-    default:
-      RowsF32<8, 2>(w, x, s, p_begin, p_end, y);
-      break;
-  }
+void RangeF32(const PanelWeights& w, const float* x, int64_t m, int64_t p_begin, int64_t p_end,
+              float* y) {
+  ForRowCount(m, [&]<int R, int B>() { RowsF32<R, B>(w, x, w.k_padded, p_begin, p_end, y); });
 }
 
 void F32Padded(const float* x, int64_t m, int64_t k, int64_t k_padded, float* out) {

@@ -144,18 +144,29 @@ absl::Status RunLinear(const PackedLinear& linear, const float* x, int64_t m, fl
                          TensorView::HostF32(y, m, linear.out_features()));
 }
 
-// Runs Forward for each M with a misaligned-by-one-float x and y and checks y and that nothing
-// past the m·n outputs was written.
+// Runs `run(x, m, y)` with an x and y misaligned by one float, and checks y against the reference
+// and that nothing past the m·n outputs was written. The outputs go to `out` when given.
+template <typename Run>
+void RunAndCheck(const Problem& p, int64_t m, uint32_t seed, Run&& run,
+                 std::vector<float>* out = nullptr) {
+  std::vector<float> x_storage = RandomInput(m * p.k + 1, seed);
+  std::vector<float> x(x_storage.begin() + 1, x_storage.end());
+  std::vector<float> y_storage(m * p.n + 1 + 16, -777.0f);
+  float* y = y_storage.data() + 1;
+  const absl::Status status = run(x_storage.data() + 1, m, y);
+  ASSERT_TRUE(status.ok()) << status;
+  ExpectMatchesReference(p, x, m, y);
+  for (int64_t i = m * p.n; i < m * p.n + 16; ++i) ASSERT_EQ(y[i], -777.0f) << "overrun";
+  if (out != nullptr) out->assign(y, y + m * p.n);
+}
+
+// Runs Forward through an execution context for each M (RunAndCheck).
 void CheckForward(const PackedLinear& linear, const Problem& p, const std::vector<int64_t>& ms) {
   for (int64_t m : ms) {
     SCOPED_TRACE(testing::Message() << "M=" << m);
-    std::vector<float> x_storage = RandomInput(m * p.k + 1, static_cast<uint32_t>(m * 7 + 1));
-    std::vector<float> x(x_storage.begin() + 1, x_storage.end());
-    std::vector<float> y_storage(m * p.n + 1 + 16, -777.0f);
-    float* y = y_storage.data() + 1;
-    ASSERT_TRUE(RunLinear(linear, x_storage.data() + 1, m, y).ok());
-    ExpectMatchesReference(p, x, m, y);
-    for (int64_t i = m * p.n; i < m * p.n + 16; ++i) ASSERT_EQ(y[i], -777.0f) << "overrun";
+    RunAndCheck(
+        p, m, static_cast<uint32_t>(m * 7 + 1),
+        [&](const float* x, int64_t rows, float* y) { return RunLinear(linear, x, rows, y); });
   }
 }
 
@@ -408,19 +419,17 @@ TEST(PackedLinearKernelTest, TypicalLlmShapeUsesBrgemm) {
 
 bool HasAmx() { return __builtin_cpu_supports("amx-bf16"); }
 
-// Each call with an explicit kernel, misaligned x and y, checked against the reference and for
-// overruns; returns y.
+// One call on an explicit kernel (RunAndCheck); returns y.
 std::vector<float> RunPath(const PackedLinear& linear, const Problem& p, int64_t m,
                            cpu::LinearPath path) {
-  std::vector<float> x_storage = RandomInput(m * p.k + 1, static_cast<uint32_t>(m * 13 + 5));
-  std::vector<float> x(x_storage.begin() + 1, x_storage.end());
-  std::vector<float> y_storage(m * p.n + 1 + 16, -777.0f);
-  float* y = y_storage.data() + 1;
-  const absl::Status status = cpu::RunLinear(linear, x_storage.data() + 1, m, y, path);
-  EXPECT_TRUE(status.ok()) << status;
-  ExpectMatchesReference(p, x, m, y);
-  for (int64_t i = m * p.n; i < m * p.n + 16; ++i) EXPECT_EQ(y[i], -777.0f) << "overrun";
-  return std::vector<float>(y, y + m * p.n);
+  std::vector<float> y;
+  RunAndCheck(
+      p, m, static_cast<uint32_t>(m * 13 + 5),
+      [&](const float* x, int64_t rows, float* out) {
+        return cpu::RunLinear(linear, x, rows, out, path);
+      },
+      &y);
+  return y;
 }
 
 // Ragged K and N (K padding inside the 16-value layout block, partial last panels), K on both
@@ -451,6 +460,7 @@ TEST_P(PackedLinearTest, SmallMKernelMatchesTheReferenceAndBrgemmBitForBit) {
         SCOPED_TRACE(testing::Message() << "M=" << m);
         const std::vector<float> small = RunPath(**linear, p, m, cpu::LinearPath::kSmallM);
         const std::vector<float> brgemm = RunPath(**linear, p, m, cpu::LinearPath::kBrgemm);
+        ASSERT_FALSE(testing::Test::HasFatalFailure());
         if (bit_identical) {
           ASSERT_EQ(std::memcmp(small.data(), brgemm.data(), small.size() * sizeof(float)), 0);
         }
