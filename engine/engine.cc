@@ -9,16 +9,13 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "engine/engine_sequence.h"
 #include "engine/speculative.h"
 
 namespace kiln {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// A sequence whose default drafts are paused hands its draft session the target's hidden states
-// once this many have gathered (the session's state then stays current at little cost).
-constexpr int64_t kPausedDraftBacklog = 32;
 
 double SecondsBetween(Clock::time_point start, Clock::time_point end) {
   return std::chrono::duration<double>(end - start).count();
@@ -54,50 +51,6 @@ StepCapacity EngineStepCapacity(const EngineOptions& options, bool speculative) 
       kMaxRows, std::max<int64_t>(1, options.max_step_tokens) + running * rows_per_sequence);
   return capacity;
 }
-
-struct Engine::Sequence {
-  uint64_t id = 0;
-  GenerationRequest request;
-  UpdateCallback on_update;
-  size_t prompt_size = 0;
-  // Every token of the sequence: the prompt, then the output. The KV cache holds the first
-  // cache->length() of them; a step feeds it the next ones (vLLM's num_computed_tokens).
-  std::vector<int32_t> tokens;
-  std::optional<KvCache> cache;  // while running
-  int64_t capacity = 0;          // positions its cache may hold
-  std::optional<Sampler> sampler;
-  std::optional<StreamingDecoder> decoder;
-  std::string held_text;  // decoded text not yet sent (a possible stop-string prefix)
-  Clock::time_point submitted;
-  Clock::time_point first_token;
-  bool started = false;  // admitted at least once
-  bool finished = false;
-
-  // Prefix cache: the hash of the last of its leading blocks already hashed, and their count.
-  BlockHash block_hash;
-  int64_t hashed_blocks = 0;
-  int32_t cached_prompt_tokens = 0;  // at its first admission
-
-  // This step: tokens fed (0 = not scheduled) and drafts the reserved blocks leave room for.
-  int64_t step_rows = 0;
-  int64_t draft_room = 0;
-
-  // Speculative decoding (num_draft_tokens > 0).
-  int32_t num_draft_tokens = 0;
-  bool default_drafts = false;  // the draft source's default: paused in crowded steps
-  std::unique_ptr<DraftSession> draft;
-  std::vector<int32_t> step_tokens;  // this step's verified chunk: last token, then the drafts
-  Draft proposal;                    // this step's drafts
-  std::vector<float> hidden;         // target hidden rows not yet handed to the session
-  int64_t hidden_first = 0;          // the position of its first row
-  SpeculativeStats speculative;
-
-  int64_t computed() const { return cache.has_value() ? cache->length() : 0; }
-  int64_t output_size() const { return static_cast<int64_t>(tokens.size() - prompt_size); }
-  // Everything but the last token is in the cache: the next step decodes.
-  bool decoding() const { return computed() + 1 == static_cast<int64_t>(tokens.size()); }
-  bool verifying() const { return !step_tokens.empty(); }
-};
 
 // The parent of a sequence's first block in the prefix cache. Blocks of speculating sequences
 // also hold the MTP heads' keys and values (their own layer slots), which other sequences never
@@ -155,17 +108,6 @@ Engine::Engine(std::shared_ptr<const PreparedModel> model,
     : model_(std::move(model)), tokenizer_(std::move(tokenizer)), options_(options) {}
 
 Engine::~Engine() { Shutdown(/*drain=*/false); }
-
-int32_t Engine::DefaultDrafts(const SamplingParams& sampling) const {
-  if (options_.draft_source == nullptr) return 0;
-  return std::clamp(options_.draft_source->default_num_draft_tokens(sampling), 0, kMaxDraftTokens);
-}
-
-int32_t Engine::default_num_draft_tokens() const {
-  return options_.default_num_draft_tokens == kDraftSourceDefault
-             ? DefaultDrafts(SamplingParams{})
-             : options_.default_num_draft_tokens;
-}
 
 absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request, UpdateCallback on_update) {
   const ModelConfig& config = model_->config();
@@ -531,59 +473,6 @@ void Engine::Schedule() {
     started.draft_room = 0;
   }
   std::erase_if(running_, [](const auto& sequence) { return sequence->finished; });
-}
-
-bool Engine::ProposeDrafts() {
-  std::vector<Sequence*> drafting;
-  std::vector<DraftCall> calls;
-  const int64_t hidden_size = model_->config().hidden_size;
-  const bool crowded = static_cast<int64_t>(running_.size()) > options_.default_drafts_max_running;
-  for (auto& owned : running_) {
-    Sequence& sequence = *owned;
-    sequence.step_tokens.clear();
-    if (sequence.draft == nullptr || !sequence.decoding() || sequence.step_rows == 0 ||
-        sequence.output_size() == 0 || sequence.draft_room <= 0) {
-      continue;
-    }
-    int32_t k = static_cast<int32_t>(sequence.draft_room);
-    if (sequence.default_drafts && crowded) {
-      // Paused: the session still takes in the target's hidden states now and then, so that
-      // they do not pile up here.
-      if (static_cast<int64_t>(sequence.hidden.size()) < kPausedDraftBacklog * hidden_size) {
-        continue;
-      }
-      k = 0;
-    }
-    drafting.push_back(&sequence);
-    calls.push_back({sequence.draft.get(), k, sequence.tokens,
-                     HiddenStates{sequence.hidden_first, hidden_size, sequence.hidden}});
-  }
-  if (calls.empty()) return false;
-  options_.draft_source->ProposeAll(calls);
-  for (size_t i = 0; i < drafting.size(); ++i) {
-    Sequence& sequence = *drafting[i];
-    DraftCall& call = calls[i];
-    absl::Status status = call.result.status();
-    if (status.ok()) {
-      status = ValidateDraft(*call.result, call.k, model_->config().vocab_size);
-      if (!status.ok()) {
-        status = absl::InternalError(absl::StrCat("draft source: ", status.message()));
-      }
-    }
-    if (!status.ok()) {
-      LOG(ERROR) << "draft proposal failed: " << status;
-      Finish(sequence, FinishReason::kNone, status);
-      continue;
-    }
-    sequence.hidden_first += call.target_hidden.rows();
-    sequence.hidden.clear();
-    sequence.proposal = *std::move(call.result);
-    if (sequence.proposal.tokens.empty()) continue;
-    sequence.step_tokens.push_back(sequence.tokens.back());
-    sequence.step_tokens.insert(sequence.step_tokens.end(), sequence.proposal.tokens.begin(),
-                                sequence.proposal.tokens.end());
-  }
-  return true;
 }
 
 absl::StatusOr<FinishReason> Engine::Emit(Sequence& sequence, SampledToken sampled,
