@@ -107,7 +107,7 @@ export CCACHE_DIR=${CCACHE_DIR:-$repo/build/ccache}
 cmake --preset "$preset" >/dev/null
 cmake --build --preset "$preset" --target kiln kiln-loadgen
 kiln=$repo/build/$preset/clients/kiln
-loadgen=$(find "$repo/build/$preset/clients" -name kiln-loadgen -type f -perm -u+x | head -n 1)
+loadgen=$(find "$repo/build/$preset/clients" -name kiln-loadgen -type f -perm -u+x -print -quit)
 [[ -x $kiln && -n $loadgen ]] || fail "kiln or kiln-loadgen was not built"
 
 step "podman build $image (log: $work/build.log)"
@@ -217,7 +217,9 @@ if ((have_metrics)); then
     fail "GET /metrics on port $metrics_port"
   grep -q '^kiln_' <<<"$metrics" || fail "/metrics has no kiln_ series"
   echo "$(grep -c '^kiln_' <<<"$metrics") kiln_ samples, e.g.:"
-  grep '^kiln_' <<<"$metrics" | head -n 5 | sed 's/^/    /'
+  # awk reads all its input: head would close the pipe early, and under pipefail the
+  # writer's SIGPIPE (exit 141) would fail the script.
+  awk '/^kiln_/ && shown++ < 5 { print "    " $0 }' <<<"$metrics"
 else
   echo "SKIPPED: this kiln-server has no --metrics-listen flag"
 fi
