@@ -11,8 +11,10 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "absl/flags/flag.h"
@@ -115,6 +117,33 @@ double MeasureFileRead(const std::filesystem::path& dir, uint64_t* bytes) {
   return Seconds(start);
 }
 
+// Prints each op's share of a profiled decode run, the linears also by projection
+// ("layers.3.gate_up" counts as gate_up), and the time outside every op (the model's own code:
+// step metadata, block tables, handing logits back; here also the caller's argmax).
+void PrintStepShares(const OpProfile& profile, double seconds, int32_t tokens) {
+  std::printf("decode step by part (a run of %d tokens with every op timed: %.2f ms a token)\n",
+              tokens, seconds / tokens * 1e3);
+  auto line = [&](const std::string& name, double part, int64_t calls) {
+    std::printf("  %-26s %6.1f %%  %8.3f ms a token  (%lld calls a token)\n", name.c_str(),
+                100 * part / seconds, part / tokens * 1e3, static_cast<long long>(calls / tokens));
+  };
+  for (int k = 0; k < kNumOpKinds; ++k) {
+    const OpProfile::Entry& entry = profile.by_kind[static_cast<size_t>(k)];
+    if (entry.calls == 0) continue;
+    line(std::string(OpKindName(static_cast<OpKind>(k))), entry.seconds, entry.calls);
+    if (static_cast<OpKind>(k) != OpKind::kLinear) continue;
+    std::map<std::string, OpProfile::Entry> by_projection;
+    for (const auto& [name, linear] : profile.by_linear) {
+      const size_t dot = name.rfind('.');
+      OpProfile::Entry& sum = by_projection[dot == std::string::npos ? name : name.substr(dot + 1)];
+      sum.seconds += linear.seconds;
+      sum.calls += linear.calls;
+    }
+    for (const auto& [name, sum] : by_projection) line("  " + name, sum.seconds, sum.calls);
+  }
+  line("outside the ops", seconds - profile.total_seconds(), 0);
+}
+
 int Main() {
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
   const std::string preset = absl::GetFlag(FLAGS_preset);
@@ -192,6 +221,29 @@ int Main() {
     decode_rates.push_back(decode_tokens / Seconds(start));
   }
   const double prefill = Median(prefill_rates), decode = Median(decode_rates);
+
+  // One more decode run with every op timed (each waits for the last), for the step's shares.
+  OpProfile profile;
+  double profiled_seconds = 0;
+  {
+    absl::StatusOr<KvCache> cache = model->NewCache(prompt_tokens + decode_tokens);
+    if (!cache.ok()) return 1;
+    logits.clear();
+    SequenceChunk chunk{&*cache, prompt, false};
+    if (!model->Forward({&chunk, 1}, &logits).ok()) return 1;
+    int32_t next =
+        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    model->set_op_profile(&profile);
+    const auto start = Clock::now();
+    for (int32_t t = 0; t < decode_tokens; ++t) {
+      logits.clear();
+      chunk.tokens = {&next, 1};
+      if (!model->Forward({&chunk, 1}, &logits).ok()) return 1;
+      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    }
+    profiled_seconds = Seconds(start);
+    model->set_op_profile(nullptr);
+  }
   const double streamed = static_cast<double>(model->bytes_streamed_per_token());
   std::printf("prefill (%d tokens)      %8.1f tokens/s\n", prompt_tokens, prefill);
   std::printf("decode (batch 1, %d)     %8.2f tokens/s, %.3f GB streamed per token\n",
@@ -199,6 +251,7 @@ int Main() {
   std::printf(
       "decode efficiency         %8.2f  (streamed bytes × tokens/s ÷ bandwidth; goal ≥ 0.8)\n",
       streamed * decode / bandwidth);
+  PrintStepShares(profile, profiled_seconds, decode_tokens);
   return 0;
 }
 

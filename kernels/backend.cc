@@ -1,5 +1,6 @@
 #include "kernels/backend.h"
 
+#include <chrono>
 #include <cstring>
 #include <utility>
 
@@ -23,6 +24,40 @@ std::string TensorView::ShapeString() const {
   return absl::StrCat("[", rows, ", ", cols, "] ", DTypeName(dtype),
                       contiguous() ? "" : absl::StrCat(" (row stride ", row_stride, ")"), " on ",
                       device.ToString());
+}
+
+absl::string_view OpKindName(OpKind kind) {
+  switch (kind) {
+    case OpKind::kEmbed:
+      return "Embed";
+    case OpKind::kRmsNorm:
+      return "RmsNorm";
+    case OpKind::kAddRmsNorm:
+      return "AddRmsNorm";
+    case OpKind::kLinear:
+      return "Linear";
+    case OpKind::kRopeAndAppendKv:
+      return "RopeAndAppendKv";
+    case OpKind::kAttention:
+      return "Attention";
+    case OpKind::kSiluMul:
+      return "SiluMul";
+    case OpKind::kAdd:
+      return "Add";
+    case OpKind::kGatherRows:
+      return "GatherRows";
+    case OpKind::kCopyFromHost:
+      return "CopyFromHost";
+    case OpKind::kCopyToHost:
+      return "CopyToHost";
+  }
+  return "?";
+}
+
+double OpProfile::total_seconds() const {
+  double total = 0;
+  for (const Entry& entry : by_kind) total += entry.seconds;
+  return total;
 }
 
 // ---- ExecutionContext: the checks every backend shares ---------------------------------------
@@ -77,6 +112,27 @@ absl::Status ExecutionContext::CheckKvLayer(absl::string_view op, int64_t layer,
   return absl::OkStatus();
 }
 
+template <typename Kernel>
+absl::Status ExecutionContext::Run(OpKind kind, const PackedLinear* linear, Kernel&& kernel) {
+  if (profile_ == nullptr) return kernel();
+  const auto start = std::chrono::steady_clock::now();
+  absl::Status status = kernel();
+  if (status.ok()) status = Synchronize();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  OpProfile::Entry& entry = profile_->by_kind[static_cast<size_t>(kind)];
+  entry.seconds += seconds;
+  ++entry.calls;
+  if (linear != nullptr) {
+    auto it = profile_->by_linear.find(linear->name());
+    if (it == profile_->by_linear.end())
+      it = profile_->by_linear.emplace(linear->name(), OpProfile::Entry()).first;
+    it->second.seconds += seconds;
+    ++it->second.calls;
+  }
+  return status;
+}
+
 absl::Status ExecutionContext::BeginStep(const StepMetadata& step) {
   KILN_RETURN_IF_ERROR(ValidateStep(step, limits_));
   // Assigning keeps the vectors' memory: after the first steps this allocates nothing.
@@ -108,7 +164,7 @@ absl::Status ExecutionContext::Embed(const TensorView& table, const EmbedOptions
       return OpError(kOp, "token id ", id, " is outside the table's ", table.rows, " rows");
     }
   }
-  return DoEmbed(table, options, out);
+  return Run(OpKind::kEmbed, nullptr, [&] { return DoEmbed(table, options, out); });
 }
 
 absl::Status ExecutionContext::RmsNorm(const TensorView& in, const TensorView& weight, float eps,
@@ -124,7 +180,7 @@ absl::Status ExecutionContext::RmsNorm(const TensorView& in, const TensorView& w
     return OpError(kOp, "weight ", weight.ShapeString(), " does not divide rows of ", in.cols);
   }
   if (!(eps >= 0.0f)) return OpError(kOp, "eps ", eps, " is negative");
-  return DoRmsNorm(in, weight, eps, out);
+  return Run(OpKind::kRmsNorm, nullptr, [&] { return DoRmsNorm(in, weight, eps, out); });
 }
 
 absl::Status ExecutionContext::AddRmsNorm(const TensorView& residual, const TensorView& delta,
@@ -143,7 +199,8 @@ absl::Status ExecutionContext::AddRmsNorm(const TensorView& residual, const Tens
     return OpError(kOp, "weight ", weight.ShapeString(), " must be [1, ", residual.cols, "]");
   }
   if (!(eps >= 0.0f)) return OpError(kOp, "eps ", eps, " is negative");
-  return DoAddRmsNorm(residual, delta, weight, eps, out);
+  return Run(OpKind::kAddRmsNorm, nullptr,
+             [&] { return DoAddRmsNorm(residual, delta, weight, eps, out); });
 }
 
 absl::Status ExecutionContext::Linear(const PackedLinear& linear, const TensorView& in,
@@ -159,7 +216,7 @@ absl::Status ExecutionContext::Linear(const PackedLinear& linear, const TensorVi
     return OpError(op, "in and out rows must be contiguous");
   }
   if (in.rows == 0) return absl::OkStatus();
-  return DoLinear(linear, in, out);
+  return Run(OpKind::kLinear, &linear, [&] { return DoLinear(linear, in, out); });
 }
 
 absl::Status ExecutionContext::RopeAndAppendKv(const TensorView& qkv, const AttentionShape& shape,
@@ -176,7 +233,8 @@ absl::Status ExecutionContext::RopeAndAppendKv(const TensorView& qkv, const Atte
     return OpError(kOp, "inv_freq ", inv_freq.ShapeString(), " does not fit head_dim ",
                    shape.head_dim);
   }
-  return DoRopeAndAppendKv(qkv, shape, inv_freq, layer);
+  return Run(OpKind::kRopeAndAppendKv, nullptr,
+             [&] { return DoRopeAndAppendKv(qkv, shape, inv_freq, layer); });
 }
 
 absl::Status ExecutionContext::Attention(const TensorView& qkv, const AttentionShape& shape,
@@ -191,7 +249,7 @@ absl::Status ExecutionContext::Attention(const TensorView& qkv, const AttentionS
                    " do not fit a step of ", step_.rows(), " rows with ", shape.n_heads,
                    " heads of ", shape.head_dim);
   }
-  return DoAttention(qkv, shape, layer, out);
+  return Run(OpKind::kAttention, nullptr, [&] { return DoAttention(qkv, shape, layer, out); });
 }
 
 absl::Status ExecutionContext::SiluMul(const TensorView& gate_up, const TensorView& out) {
@@ -202,7 +260,7 @@ absl::Status ExecutionContext::SiluMul(const TensorView& gate_up, const TensorVi
     return OpError(kOp, "gate_up ", gate_up.ShapeString(), " must be twice as wide as out ",
                    out.ShapeString());
   }
-  return DoSiluMul(gate_up, out);
+  return Run(OpKind::kSiluMul, nullptr, [&] { return DoSiluMul(gate_up, out); });
 }
 
 absl::Status ExecutionContext::Add(const TensorView& y, const TensorView& x) {
@@ -212,7 +270,7 @@ absl::Status ExecutionContext::Add(const TensorView& y, const TensorView& x) {
   if (!SameShape(x, y)) {
     return OpError(kOp, "y ", y.ShapeString(), " and x ", x.ShapeString(), " differ");
   }
-  return DoAdd(y, x);
+  return Run(OpKind::kAdd, nullptr, [&] { return DoAdd(y, x); });
 }
 
 absl::Status ExecutionContext::GatherRows(const TensorView& in, int64_t first, int64_t count,
@@ -229,21 +287,21 @@ absl::Status ExecutionContext::GatherRows(const TensorView& in, int64_t first, i
                    count, " of the step's ", step_.rows(), " rows");
   }
   if (count == 0) return absl::OkStatus();
-  return DoGatherRows(in, first, count, out);
+  return Run(OpKind::kGatherRows, nullptr, [&] { return DoGatherRows(in, first, count, out); });
 }
 
 absl::Status ExecutionContext::CopyFromHost(const void* host, const TensorView& dst) {
   KILN_RETURN_IF_ERROR(CheckTensor(dst, "CopyFromHost", "dst"));
   if (host == nullptr && !dst.empty()) return OpError("CopyFromHost", "no host memory");
   if (dst.empty()) return absl::OkStatus();
-  return DoCopyFromHost(host, dst);
+  return Run(OpKind::kCopyFromHost, nullptr, [&] { return DoCopyFromHost(host, dst); });
 }
 
 absl::Status ExecutionContext::CopyToHost(const TensorView& src, void* host) {
   KILN_RETURN_IF_ERROR(CheckTensor(src, "CopyToHost", "src"));
   if (host == nullptr && !src.empty()) return OpError("CopyToHost", "no host memory");
   if (src.empty()) return Synchronize();
-  return DoCopyToHost(src, host);
+  return Run(OpKind::kCopyToHost, nullptr, [&] { return DoCopyToHost(src, host); });
 }
 
 // ---- Backend defaults --------------------------------------------------------------------------

@@ -15,6 +15,7 @@
 #include "absl/types/span.h"
 #include "kernels/buffer.h"
 #include "kernels/dtype.h"
+#include "kernels/op_profile.h"
 #include "kernels/step.h"
 #include "kernels/tensor.h"
 
@@ -176,6 +177,10 @@ class ExecutionContext {
   // Waits for every queued op; returns the first error a kernel reported.
   virtual absl::Status Synchronize() = 0;
 
+  // While set (not null), every op adds its time to `profile` (kernels/op_profile.h). For
+  // benches: timing waits for each op.
+  void set_profile(OpProfile* profile) { profile_ = profile; }
+
  protected:
   ExecutionContext(Device device, StepLimits limits, DeviceBuffer scratch)
       : device_(device), limits_(limits), scratch_(std::move(scratch)) {}
@@ -205,11 +210,15 @@ class ExecutionContext {
   absl::Status CheckTensor(const TensorView& view, absl::string_view op,
                            absl::string_view what) const;
   absl::Status CheckKvLayer(absl::string_view op, int64_t layer, const AttentionShape& shape) const;
+  // Runs one op's kernel, timed into profile_ when profiling.
+  template <typename Kernel>
+  absl::Status Run(OpKind kind, const PackedLinear* linear, Kernel&& kernel);
 
   const Device device_;
   const StepLimits limits_;
   const DeviceBuffer scratch_;
   StepMetadata step_;
+  OpProfile* profile_ = nullptr;
 };
 
 class Backend {

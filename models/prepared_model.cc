@@ -120,6 +120,11 @@ absl::Status PreparedModel::ReserveBlocks(std::span<const Chunk> chunks) const {
   return absl::OkStatus();
 }
 
+void PreparedModel::set_op_profile(OpProfile* profile) const {
+  absl::MutexLock lock(&mutex_);
+  context_->set_profile(profile);
+}
+
 absl::Status PreparedModel::Forward(std::span<const SequenceChunk> chunks,
                                     std::vector<float>* logits,
                                     std::vector<float>* hidden_out) const {

@@ -102,6 +102,9 @@ class PreparedModel {
   absl::Status Forward(std::span<const SequenceChunk> chunks, std::vector<float>* logits,
                        std::vector<float>* hidden = nullptr) const;
 
+  // While set (not null), Forward and MtpForward add each op's time to `profile` (benches).
+  void set_op_profile(OpProfile* profile) const;
+
   // MTP heads restored from the checkpoint (0 when it has none), in head order; draft step s
   // uses head s % num_mtp_heads().
   int num_mtp_heads() const { return static_cast<int>(mtp_heads_.size()); }

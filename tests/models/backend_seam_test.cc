@@ -176,6 +176,32 @@ TEST_F(BackendSeamTest, SameLogitsAsTheCpuBackend) {
   EXPECT_EQ(Generate(**traced, 4), Generate(**cpu, 4));
 }
 
+// An op profile counts every op of a decode step once per call, each linear under its name, and
+// changes no result; unset, it records nothing more.
+TEST_F(BackendSeamTest, OpProfileCountsEveryOpOfAStep) {
+  absl::StatusOr<std::unique_ptr<PreparedModel>> model = LoadModel(dir_.path(), CpuBackend());
+  ASSERT_TRUE(model.ok()) << model.status();
+  const std::vector<float> plain = Generate(**model, 2);
+  OpProfile profile;
+  (*model)->set_op_profile(&profile);
+  EXPECT_EQ(Generate(**model, 2), plain);
+  (*model)->set_op_profile(nullptr);
+  const int64_t layers = (*model)->config().num_hidden_layers;
+  const int64_t forwards = 3;  // the prefill and two decode steps
+  EXPECT_EQ(profile.of(OpKind::kLinear).calls, forwards * (4 * layers + 1));
+  EXPECT_EQ(profile.of(OpKind::kAttention).calls, forwards * layers);
+  EXPECT_EQ(profile.of(OpKind::kEmbed).calls, forwards);
+  EXPECT_EQ(profile.of(OpKind::kCopyToHost).calls, forwards);
+  ASSERT_TRUE(profile.by_linear.contains("lm_head"));
+  EXPECT_EQ(profile.by_linear.at("lm_head").calls, forwards);
+  EXPECT_EQ(profile.by_linear.at("layers.1.gate_up").calls, forwards);
+  EXPECT_GT(profile.of(OpKind::kLinear).seconds, 0);
+  EXPECT_GE(profile.total_seconds(), profile.of(OpKind::kLinear).seconds);
+  const OpProfile recorded = profile;
+  Generate(**model, 1);
+  EXPECT_EQ(profile.of(OpKind::kLinear).calls, recorded.of(OpKind::kLinear).calls);
+}
+
 // The checkpoint's bytes are overwritten with NaN after PostLoad: a forward that reads only what
 // PostLoad prepared gives the same logits as before. The CPU backend reads its embedding in
 // place, so there the same overwrite shows, which is what makes the test able to fail.
