@@ -3,8 +3,6 @@
 //   load ratio        = (open → PreparedModel) ÷ (reading the checkpoint files once)
 //   decode efficiency = weight bytes streamed per token × tokens/s ÷ read bandwidth (goal ≥ 0.8)
 #include <fcntl.h>
-#include <immintrin.h>
-#include <omp.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -19,12 +17,13 @@
 
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
+#include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "bench/bench_model.h"
 #include "bench/bench_util.h"
+#include "bench/read_bandwidth.h"
 #include "clients/synth.h"
 #include "kernels/backend_registry.h"
-#include "kernels/cpu/host_memory.h"
 #include "loaders/load_model.h"
 
 ABSL_FLAG(std::string, preset, "qwen2.5-0.5b", "model shape (kiln synth preset)");
@@ -34,71 +33,15 @@ ABSL_FLAG(int32_t, prompt_tokens, 512, "prefill prompt length");
 ABSL_FLAG(int32_t, decode_tokens, 128, "tokens decoded at batch 1");
 ABSL_FLAG(int32_t, repeats, 3, "repetitions per measurement (the median is printed)");
 ABSL_FLAG(std::string, backend, "cpu", "compute backend (kernels/backend_registry.h)");
+ABSL_FLAG(std::string, quantize, "", "weight quantization of the linears: none, int8 or int4");
 
 namespace kiln {
 namespace {
 
 using bench::Clock;
+using bench::MeasureReadBandwidth;
 using bench::Median;
 using bench::Seconds;
-
-// Sums `n` 64-bit words with independent vector accumulators, so that memory, not the adder
-// chain, limits the loop.
-uint64_t SumWords(const uint64_t* words, size_t n) {
-#if defined(__AVX512F__)
-  __m512i acc[4] = {_mm512_set1_epi64(0), _mm512_set1_epi64(0), _mm512_set1_epi64(0),
-                    _mm512_set1_epi64(0)};
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    for (int a = 0; a < 4; ++a) {
-      acc[a] = _mm512_add_epi64(acc[a], _mm512_loadu_si512(words + i + 8 * a));
-    }
-  }
-  alignas(64) uint64_t lanes[8];
-  _mm512_store_si512(
-      lanes, _mm512_add_epi64(_mm512_add_epi64(acc[0], acc[1]), _mm512_add_epi64(acc[2], acc[3])));
-  uint64_t sum = 0;
-  for (uint64_t lane : lanes) sum += lane;
-#else
-  uint64_t sum = 0;
-  size_t i = 0;
-#endif
-  for (; i < n; ++i) sum += words[i];
-  return sum;
-}
-
-// Read bandwidth of all cores over a buffer far larger than the caches, allocated as packed
-// weights are (2 MiB pages): on 4 KiB pages the TLB misses of a VM's nested page walks cut the
-// measured rate by up to half, below what the decode kernels themselves stream.
-double MeasureReadBandwidth(int repeats) {
-  const size_t words = size_t{128} << 20;  // 1 GiB
-  std::unique_ptr<uint64_t, void (*)(uint64_t*)> owner(
-      static_cast<uint64_t*>(cpu::AllocateHost(words * sizeof(uint64_t))),
-      [](uint64_t* p) { cpu::FreeHost(p); });
-  CHECK(owner != nullptr) << "out of memory for the bandwidth probe";
-  uint64_t* const buffer = owner.get();
-#pragma omp parallel for schedule(static)
-  for (size_t i = 0; i < words; ++i) buffer[i] = i;
-  std::vector<double> rates;
-  uint64_t checksum = 0;
-  for (int r = 0; r < repeats + 1; ++r) {
-    const auto start = Clock::now();
-    uint64_t sum = 0;
-#pragma omp parallel reduction(+ : sum)
-    {
-      const size_t threads = static_cast<size_t>(omp_get_num_threads());
-      const size_t slice = words / threads;
-      const size_t begin = static_cast<size_t>(omp_get_thread_num()) * slice;
-      sum += SumWords(buffer + begin,
-                      omp_get_thread_num() + 1 == omp_get_num_threads() ? words - begin : slice);
-    }
-    const double seconds = Seconds(start);
-    checksum += sum;
-    if (r > 0) rates.push_back(static_cast<double>(words * 8) / seconds);  // run 0 warms up
-  }
-  if (checksum == 42) std::printf(" ");  // keeps the sums observable
-  return Median(rates);
-}
 
 // Seconds to read every file of the checkpoint once with read(2) (from the page cache when
 // warm, which is also where the load below reads from).
@@ -165,6 +108,14 @@ int Main() {
   std::printf("backend                   %s (%s)\n", std::string(backend->name()).c_str(),
               backend->description().c_str());
 
+  LoadOptions load_options;
+  absl::StatusOr<Quantization> quantize = ParseQuantization(absl::GetFlag(FLAGS_quantize));
+  if (!quantize.ok()) {
+    return std::fprintf(stderr, "--quantize: %s\n",
+                        std::string(quantize.status().message()).c_str()),
+           1;
+  }
+  load_options.quantize = *quantize;
   uint64_t file_bytes = 0;
   MeasureFileRead(dir, &file_bytes);  // warm the page cache
   std::vector<double> read_times, load_times;
@@ -173,7 +124,7 @@ int Main() {
     read_times.push_back(MeasureFileRead(dir, &file_bytes));
     model.reset();
     const auto start = Clock::now();
-    absl::StatusOr<std::unique_ptr<PreparedModel>> loaded = LoadModel(dir, backend);
+    absl::StatusOr<std::unique_ptr<PreparedModel>> loaded = LoadModel(dir, backend, load_options);
     load_times.push_back(Seconds(start));
     if (!loaded.ok()) {
       return std::fprintf(stderr, "%s\n", std::string(loaded.status().message()).c_str()), 1;
@@ -181,9 +132,14 @@ int Main() {
     model = std::move(*loaded);
   }
   const double read_s = Median(read_times), load_s = Median(load_times);
-  std::printf("checkpoint                %8.2f GB in files, %s weights packed as %s\n",
-              file_bytes / 1e9, absl::GetFlag(FLAGS_dtype).c_str(),
-              std::string(DTypeName(model->compute_dtype())).c_str());
+  std::printf(
+      "checkpoint                %8.2f GB in files, %s weights packed as %s%s\n", file_bytes / 1e9,
+      absl::GetFlag(FLAGS_dtype).c_str(), std::string(DTypeName(model->compute_dtype())).c_str(),
+      model->quantization() == Quantization::kNone
+          ? ""
+          : absl::StrCat(" (", QuantizationName(model->quantization()), " in ",
+                         model->quantized_linears(), " of ", model->linear_count(), " linears)")
+                .c_str());
   std::printf("read files once           %8.3f s (%.2f GB/s)\n", read_s, file_bytes / read_s / 1e9);
   std::printf(
       "load (open → prepared)    %8.3f s  = %.2f × reading the files "

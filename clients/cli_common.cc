@@ -86,11 +86,13 @@ const std::vector<Command>& Commands() {
        {"json", KILN_ADMIN_FLAGS},
        &ModelsList},
       {"models load",
-       "NAME PATH [--dtype bf16|f32] [--backend cpu] [--format F] [tensorizer flags]",
+       "NAME PATH [--dtype bf16|f32] [--quantize int8|int4] [--backend cpu] [--format F]\n"
+       "    [tensorizer flags]",
        "Load PATH (a model directory or a Tensorizer .tensors file inside one of the server's\n"
        "model roots) as NAME. Key and passphrase files are read by the server, on its machine.",
-       {"dtype", "backend", "format", "chat_template", "tensorizer_config", "encryption_key_file",
-        "encryption_passphrase_file", "skip_hash_verification", "json", KILN_ADMIN_FLAGS},
+       {"dtype", "quantize", "backend", "format", "chat_template", "tensorizer_config",
+        "encryption_key_file", "encryption_passphrase_file", "skip_hash_verification", "hash_check",
+        "json", KILN_ADMIN_FLAGS},
        &ModelsLoad},
       {"models tensorize",
        "NAME OUT [--dtype bf16|f32] [--overwrite]",
@@ -117,21 +119,24 @@ const std::vector<Command>& Commands() {
        {"out", "preset", "dtype", "seed", "max_shard_bytes", "mtp_layers"},
        &Synth},
       {"run",
-       "--model PATH [--prompt_ids 1,2,3] [--max_tokens 16] [--dtype bf16|f32] [--backend cpu]",
+       "--model PATH [--prompt_ids 1,2,3] [--max_tokens 16] [--dtype bf16|f32]\n"
+       "    [--quantize int8|int4] [--backend cpu]",
        "Load a model (directory or .tensors file) in this process and generate greedily from\n"
        "token ids (no server).",
-       {"model", "prompt_ids", "max_tokens", "dtype", "backend", "tensorizer_config",
-        "encryption_key_file", "encryption_passphrase_file", "skip_hash_verification"},
+       {"model", "prompt_ids", "max_tokens", "dtype", "quantize", "backend", "tensorizer_config",
+        "encryption_key_file", "encryption_passphrase_file", "skip_hash_verification",
+        "hash_check"},
        &Run},
       {"perplexity",
-       "--model PATH --text_file FILE [--context 512] [--max_windows N] [--dtype bf16|f32]",
+       "--model PATH --text_file FILE [--context 512] [--max_windows N] [--dtype bf16|f32]\n"
+       "    [--quantize int8|int4]",
        "Load a model in this process and print its perplexity on a text file, from kiln's own\n"
        "logits: the documents (separated by blank lines, each followed by EOS) are one token\n"
        "stream, cut into windows of --context positions that each start from an empty cache.\n"
        "Models with MTP heads also get the first head's perplexity on the token after next.",
-       {"model", "text_file", "context", "max_windows", "dtype", "backend", "json",
+       {"model", "text_file", "context", "max_windows", "dtype", "quantize", "backend", "json",
         "tensorizer_config", "encryption_key_file", "encryption_passphrase_file",
-        "skip_hash_verification"},
+        "skip_hash_verification", "hash_check"},
        &Perplexity},
       {"tensorize",
        "--model PATH --out FILE [--dtype bf16|f32] [tensorizer flags]",
@@ -139,7 +144,7 @@ const std::vector<Command>& Commands() {
        "file: kiln's engine layout (fused q/k/v and gate/up, MTP heads kept) with the config and\n"
        "tokenizer inside, so the file alone loads. Readable by the Tensorizer library too.",
        {"model", "out", "dtype", "overwrite", "tensorizer_config", "encryption_key_file",
-        "encryption_passphrase_file", "skip_hash_verification"},
+        "encryption_passphrase_file", "skip_hash_verification", "hash_check"},
        &TensorizeLocal},
   };
   return *commands;

@@ -8,6 +8,9 @@ ABSL_FLAG(std::string, out, "",
 ABSL_FLAG(std::string, dtype, "",
           "synth: weight dtype (bf16, f32, f16; default bf16); run and models load: compute dtype "
           "(bf16 or f32; default: the checkpoint's); tensorize: stored dtype (default: as is)");
+ABSL_FLAG(std::string, quantize, "",
+          "run, perplexity and models load: weight quantization of the linears (none, int8 per "
+          "output channel, int4 in groups of 32; default none)");
 ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
           "synth: random seed (default 0); generate: sampling seed (default: the server picks)");
 ABSL_FLAG(uint64_t, max_shard_bytes, uint64_t{1} << 30, "shard the checkpoint above this size");
@@ -29,7 +32,10 @@ ABSL_FLAG(std::string, encryption_key_file, "",
 ABSL_FLAG(std::string, encryption_passphrase_file, "",
           "encrypted Tensorizer file: file holding the passphrase (models load: on the server)");
 ABSL_FLAG(bool, skip_hash_verification, false,
-          "Tensorizer: do not check each tensor's CRC32 and SHA-256 (faster, less safe)");
+          "Tensorizer: do not check each tensor's CRC32 and SHA-256 (as --hash_check none)");
+ABSL_FLAG(std::string, hash_check, "",
+          "Tensorizer: the stored hashes to check: all (CRC32 and SHA-256; the default), crc32 "
+          "(CRC32 only: a fast check against damage, not tampering) or none");
 
 ABSL_FLAG(std::string, server, "127.0.0.1:50051", "kiln-server address, HOST:PORT");
 ABSL_FLAG(double, timeout, 0, "deadline of the call in seconds; 0 = none");

@@ -12,6 +12,7 @@
 ABSL_DECLARE_FLAG(std::string, preset);
 ABSL_DECLARE_FLAG(std::string, out);
 ABSL_DECLARE_FLAG(std::string, dtype);
+ABSL_DECLARE_FLAG(std::string, quantize);
 ABSL_DECLARE_FLAG(std::optional<uint64_t>, seed);
 ABSL_DECLARE_FLAG(uint64_t, max_shard_bytes);
 ABSL_DECLARE_FLAG(bool, overwrite);
@@ -24,6 +25,7 @@ ABSL_DECLARE_FLAG(std::string, tensorizer_config);
 ABSL_DECLARE_FLAG(std::string, encryption_key_file);
 ABSL_DECLARE_FLAG(std::string, encryption_passphrase_file);
 ABSL_DECLARE_FLAG(bool, skip_hash_verification);
+ABSL_DECLARE_FLAG(std::string, hash_check);
 
 // Connection.
 ABSL_DECLARE_FLAG(std::string, server);

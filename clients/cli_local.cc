@@ -22,6 +22,7 @@
 #include "eval/perplexity.h"
 #include "kernels/backend_registry.h"
 #include "loaders/load_model.h"
+#include "loaders/tensorizer_verify.h"
 #include "nlohmann/json.hpp"
 #include "tokenizer/tokenizer.h"
 
@@ -36,7 +37,17 @@ int Fail(const absl::Status& status) {
 // Tensorizer options from the shared flags; key files are read here, in this process.
 absl::StatusOr<TensorizerCheckpointOptions> TensorizerFlags() {
   TensorizerCheckpointOptions options;
-  options.verify_hashes = !absl::GetFlag(FLAGS_skip_hash_verification);
+  if (const std::string check = absl::GetFlag(FLAGS_hash_check); !check.empty()) {
+    absl::StatusOr<tensorizer::HashCheck> parsed = tensorizer::ParseHashCheck(check);
+    if (!parsed.ok()) return KilnAnnotate(parsed.status(), "--hash_check");
+    if (absl::GetFlag(FLAGS_skip_hash_verification) && *parsed != tensorizer::HashCheck::kNone) {
+      return absl::InvalidArgumentError("--skip_hash_verification contradicts --hash_check " +
+                                        check + " (give one of them)");
+    }
+    options.hash_check = *parsed;
+  } else if (absl::GetFlag(FLAGS_skip_hash_verification)) {
+    options.hash_check = tensorizer::HashCheck::kNone;
+  }
   if (!absl::GetFlag(FLAGS_tensorizer_config).empty()) {
     options.config_path = absl::GetFlag(FLAGS_tensorizer_config);
   }
@@ -69,6 +80,9 @@ struct LocalModel {
 absl::StatusOr<LocalModel> LoadLocal(const std::string& path, std::optional<DType> dtype) {
   LoadOptions options;
   options.compute_dtype = dtype;
+  absl::StatusOr<Quantization> quantize = ParseQuantization(absl::GetFlag(FLAGS_quantize));
+  if (!quantize.ok()) return KilnAnnotate(quantize.status(), "--quantize");
+  options.quantize = *quantize;
   KILN_ASSIGN_OR_RETURN(options.tensorizer, TensorizerFlags());
   const std::string backend_name = absl::GetFlag(FLAGS_backend).empty()
                                        ? std::string(kDefaultBackend)
@@ -209,16 +223,21 @@ int Perplexity(const Args& args) {
                           {"context", options.context},
                           {"windows", result->windows},
                           {"dtype", DTypeName(model.compute_dtype())},
+                          {"quantization", QuantizationName(model.quantization())},
                           {"perplexity", result->perplexity},
                           {"seconds", seconds}};
     if (result->mtp_scored > 0) out["mtp_perplexity"] = result->mtp_perplexity;
     std::cout << out.dump() << "\n";
     return kExitOk;
   }
-  std::printf("%s: %zu tokens, %lld windows of %lld, %s on %s\n", text_path.c_str(), ids->size(),
-              static_cast<long long>(result->windows), static_cast<long long>(options.context),
-              std::string(DTypeName(model.compute_dtype())).c_str(),
-              std::string(model.backend_name()).c_str());
+  std::printf(
+      "%s: %zu tokens, %lld windows of %lld, %s%s on %s\n", text_path.c_str(), ids->size(),
+      static_cast<long long>(result->windows), static_cast<long long>(options.context),
+      std::string(DTypeName(model.compute_dtype())).c_str(),
+      model.quantization() == Quantization::kNone
+          ? ""
+          : absl::StrCat(" with ", QuantizationName(model.quantization()), " weights").c_str(),
+      std::string(model.backend_name()).c_str());
   std::printf("perplexity %.4f (%.4f nats per token over %lld positions)\n", result->perplexity,
               result->mean_nll, static_cast<long long>(result->scored));
   if (result->mtp_scored > 0) {

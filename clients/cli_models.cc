@@ -13,6 +13,7 @@
 #include "clients/cli_flags.h"
 #include "clients/cli_grpc.h"
 #include "kiln/v1/kiln.grpc.pb.h"
+#include "loaders/tensorizer_verify.h"
 #include "models/lifecycle.h"
 
 namespace kiln::cli {
@@ -59,6 +60,12 @@ void PrintModel(const kiln::v1::ModelInfo& model, bool verbose) {
   row("architecture", model.architecture());
   row("format", model.format());
   row("dtype", model.dtype());
+  if (!model.quantization().empty() && model.quantization() != "none") {
+    row("quantization", model.linears() > 0
+                            ? absl::StrCat(model.quantization(), " (", model.quantized_linears(),
+                                           " of ", model.linears(), " linears)")
+                            : model.quantization());
+  }
   row("parameters",
       absl::StrCat(Count(model.parameter_count()), " (", model.parameter_count(), ")"));
   row("memory", absl::StrCat(Bytes(model.bytes_in_memory()), " (", model.bytes_in_memory(), ")"));
@@ -132,8 +139,11 @@ int ModelsList(const Args& args) {
       {"NAME", "STATE", "BACKEND", "ARCHITECTURE", "DTYPE", "PARAMS", "MEMORY", "PATH"}};
   for (const kiln::v1::ModelInfo& model : response.models()) {
     rows.push_back({model.name(), kiln::v1::ModelState_Name(model.state()), model.backend(),
-                    model.architecture(), model.dtype(), Count(model.parameter_count()),
-                    Bytes(model.bytes_in_memory()), model.path()});
+                    model.architecture(),
+                    model.quantization().empty() || model.quantization() == "none"
+                        ? model.dtype()
+                        : absl::StrCat(model.dtype(), "/", model.quantization()),
+                    Count(model.parameter_count()), Bytes(model.bytes_in_memory()), model.path()});
   }
   std::vector<size_t> widths(rows[0].size(), 0);
   for (const std::vector<std::string>& row : rows) {
@@ -158,10 +168,20 @@ int ModelsLoad(const Args& args) {
   if (absl::Status parsed = ParseComputeDType(dtype).status(); !parsed.ok()) {
     return UsageError("models load", absl::StrCat("--dtype: ", parsed.message()));
   }
+  const std::string quantize = absl::GetFlag(FLAGS_quantize);
+  if (absl::Status parsed = ParseQuantization(quantize).status(); !parsed.ok()) {
+    return UsageError("models load", absl::StrCat("--quantize: ", parsed.message()));
+  }
+  if (const std::string check = absl::GetFlag(FLAGS_hash_check); !check.empty()) {
+    if (absl::Status parsed = tensorizer::ParseHashCheck(check).status(); !parsed.ok()) {
+      return UsageError("models load", absl::StrCat("--hash_check: ", parsed.message()));
+    }
+  }
   kiln::v1::LoadModelRequest request;
   request.set_name(args[0]);
   request.set_path(args[1]);
   request.set_dtype(dtype);
+  request.set_quantize(quantize);
   request.set_backend(absl::GetFlag(FLAGS_backend));
   request.set_format(absl::GetFlag(FLAGS_format));
   if (const std::string file = absl::GetFlag(FLAGS_chat_template); !file.empty()) {
@@ -175,6 +195,7 @@ int ModelsLoad(const Args& args) {
   tensorizer->set_encryption_key_file(absl::GetFlag(FLAGS_encryption_key_file));
   tensorizer->set_encryption_passphrase_file(absl::GetFlag(FLAGS_encryption_passphrase_file));
   tensorizer->set_skip_hash_verification(absl::GetFlag(FLAGS_skip_hash_verification));
+  tensorizer->set_hash_check(absl::GetFlag(FLAGS_hash_check));
   kiln::v1::ModelInfo response;
   if (absl::Status status = CallModels(&kiln::v1::Models::Stub::LoadModel, request, &response);
       !status.ok()) {

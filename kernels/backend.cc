@@ -216,7 +216,12 @@ absl::Status ExecutionContext::Linear(const PackedLinear& linear, const TensorVi
     return OpError(op, "in and out rows must be contiguous");
   }
   if (in.rows == 0) return absl::OkStatus();
-  return Run(OpKind::kLinear, &linear, [&] { return DoLinear(linear, in, out); });
+  KILN_RETURN_IF_ERROR(Run(OpKind::kLinear, &linear, [&] { return DoLinear(linear, in, out); }));
+  if (linear_observer_) {
+    KILN_RETURN_IF_ERROR(Synchronize());
+    linear_observer_(linear, in, out);
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ExecutionContext::RopeAndAppendKv(const TensorView& qkv, const AttentionShape& shape,

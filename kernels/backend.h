@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -16,6 +17,7 @@
 #include "kernels/buffer.h"
 #include "kernels/dtype.h"
 #include "kernels/op_profile.h"
+#include "kernels/quantization.h"
 #include "kernels/step.h"
 #include "kernels/tensor.h"
 
@@ -40,6 +42,9 @@ struct LinearPackSpec {
   std::vector<WeightView> row_blocks;  // all with the same cols; concatenated by rows
   std::vector<float> bias;             // empty, or one value per output row
   DType compute_dtype = DType::kF32;   // kF32 or kBF16: the dtype the packed weight is kept in
+  // Quantized weights (kernels/quantization.h) instead of compute_dtype ones, where the backend
+  // has kernels for them; compute_dtype is then what shapes it cannot quantize fall back to.
+  Quantization quantization = Quantization::kNone;
 };
 
 // A weight packed by one backend, run by that backend's ExecutionContext::Linear:
@@ -54,6 +59,8 @@ class PackedLinear {
   virtual int64_t in_features() const = 0;
   virtual int64_t out_features() const = 0;
   virtual DType compute_dtype() const = 0;
+  // How the weight is quantized (kNone: kept in compute_dtype).
+  virtual Quantization quantization() const { return Quantization::kNone; }
   // Bytes of packed weight (and bias) this layer holds.
   virtual size_t packed_bytes() const = 0;
   // Kernel that runs it (e.g. oneDNN's impl string "brg:avx512_core_bf16"), for logs and benches.
@@ -180,6 +187,11 @@ class ExecutionContext {
   // While set (not null), every op adds its time to `profile` (kernels/op_profile.h). For
   // benches: timing waits for each op.
   void set_profile(OpProfile* profile) { profile_ = profile; }
+  // While set, called after every Linear with its input and output, both waited for (benches:
+  // the per-layer error of quantized weights). Empty: none.
+  using LinearObserver =
+      std::function<void(const PackedLinear& linear, const TensorView& in, const TensorView& out)>;
+  void set_linear_observer(LinearObserver observer) { linear_observer_ = std::move(observer); }
 
  protected:
   ExecutionContext(Device device, StepLimits limits, DeviceBuffer scratch)
@@ -219,6 +231,7 @@ class ExecutionContext {
   const DeviceBuffer scratch_;
   StepMetadata step_;
   OpProfile* profile_ = nullptr;
+  LinearObserver linear_observer_;
 };
 
 class Backend {

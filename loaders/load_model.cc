@@ -121,6 +121,7 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PrepareCheckpoint(OpenedCheckpoin
                                                                  const LoadOptions& options) {
   PostLoadOptions post_load;
   post_load.compute_dtype = options.compute_dtype;
+  post_load.quantize = options.quantize;
   post_load.step_capacity = options.step_capacity;
   post_load.kv_pool = options.kv_pool;
   const std::string where =

@@ -30,9 +30,10 @@ struct CheckpointLocation {
 };
 
 struct LoadOptions {
-  std::optional<DType> compute_dtype;  // see PostLoadOptions
-  StepCapacity step_capacity;          // see PostLoadOptions
-  KvPoolOptions kv_pool;               // see PostLoadOptions
+  std::optional<DType> compute_dtype;           // see PostLoadOptions
+  StepCapacity step_capacity;                   // see PostLoadOptions
+  KvPoolOptions kv_pool;                        // see PostLoadOptions
+  Quantization quantize = Quantization::kNone;  // see PostLoadOptions
   TensorizerCheckpointOptions tensorizer;
 };
 

@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <limits>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -30,13 +31,16 @@ absl::Status ErrnoError(int err, const std::filesystem::path& path, absl::string
   }
 }
 
-// Closes the descriptor on every path out of Open, so it never outlives the mapping call.
+// Closes the descriptor on every path out of Open unless released to the MappedFile.
 class FdCloser {
  public:
   explicit FdCloser(int fd) : fd_(fd) {}
-  ~FdCloser() { ::close(fd_); }
+  ~FdCloser() {
+    if (fd_ >= 0) ::close(fd_);
+  }
   FdCloser(const FdCloser&) = delete;
   FdCloser& operator=(const FdCloser&) = delete;
+  int Release() { return std::exchange(fd_, -1); }
 
  private:
   int fd_;
@@ -44,7 +48,8 @@ class FdCloser {
 
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<MappedFile>> MappedFile::Open(const std::filesystem::path& path) {
+absl::StatusOr<std::shared_ptr<MappedFile>> MappedFile::Open(const std::filesystem::path& path,
+                                                             bool keep_descriptor) {
   int fd;
   do {
     fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
@@ -64,18 +69,21 @@ absl::StatusOr<std::shared_ptr<MappedFile>> MappedFile::Open(const std::filesyst
   }
   const size_t size = static_cast<size_t>(st.st_size);
   // mmap of length 0 is an error (EINVAL); an empty file is an empty span without a mapping.
-  if (size == 0) return std::shared_ptr<MappedFile>(new MappedFile(path, nullptr, 0));
-
-  void* data = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-  if (data == MAP_FAILED) return ErrnoError(errno, path, "mmap");
+  const std::byte* data = nullptr;
+  if (size != 0) {
+    void* mapped = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (mapped == MAP_FAILED) return ErrnoError(errno, path, "mmap");
+    data = static_cast<const std::byte*>(mapped);
+  }
   return std::shared_ptr<MappedFile>(
-      new MappedFile(path, static_cast<const std::byte*>(data), size));
+      new MappedFile(path, data, size, keep_descriptor ? closer.Release() : -1));
 }
 
 MappedFile::~MappedFile() {
   if (data_ != nullptr && size_ != 0) {
     ::munmap(const_cast<std::byte*>(data_), size_);
   }
+  if (fd_ >= 0) ::close(fd_);
 }
 
 }  // namespace kiln

@@ -143,7 +143,7 @@ absl::StatusOr<TensorizerCheckpoint> OpenTensorizerCheckpoint(
   checkpoint.kind = DetectKind(tz);
 
   tensorizer::ReadOptions read_options;
-  read_options.verify_hashes = options.verify_hashes;
+  read_options.hash_check = options.hash_check;
   if (!options.encryption_key.empty() && !options.encryption_passphrase.empty()) {
     return absl::InvalidArgumentError("give an encryption key or a passphrase, not both");
   }
@@ -210,7 +210,7 @@ absl::StatusOr<TensorizerCheckpoint> OpenTensorizerCheckpoint(
       absl::StrCat("data version ", tz.version(), ", ", TensorizerKindName(checkpoint.kind));
   provenance.files.push_back(file_name);
   provenance.load_mode = mode;
-  provenance.hashes_verified = options.verify_hashes;
+  provenance.hash_check = std::string(tensorizer::HashCheckName(options.hash_check));
   provenance.encrypted = tz.any_encrypted();
   provenance.layout =
       checkpoint.kind == TensorizerKind::kRaw ? WeightLayout::kHuggingFace : WeightLayout::kEngine;
@@ -303,9 +303,9 @@ absl::StatusOr<TensorizerCheckpoint> OpenTensorizerCheckpoint(
   }
   LOG(INFO) << "tensorizer " << TensorizerKindName(checkpoint.kind) << " file " << file.string()
             << ": data version " << tz.version() << ", " << infos.size() << " tensors"
-            << (provenance.encrypted ? ", encrypted" : "")
-            << (options.verify_hashes ? ", hashes verified" : ", hash verification skipped")
-            << ", load mode " << LoadModeName(mode);
+            << (provenance.encrypted ? ", encrypted" : "") << ", hash check "
+            << tensorizer::HashCheckName(options.hash_check) << ", load mode "
+            << LoadModeName(mode);
   return checkpoint;
 }
 

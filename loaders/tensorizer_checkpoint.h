@@ -9,6 +9,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "loaders/tensorizer_verify.h"
 #include "models/model_config.h"
 #include "models/weight_source.h"
 
@@ -25,7 +26,9 @@ struct TensorizerCheckpointOptions {
   // config.json for raw and vLLM files; unset: config.json beside the file. A native file
   // carries its own and ignores this.
   std::optional<std::filesystem::path> config_path;
-  bool verify_hashes = true;
+  // The stored hashes to check: every CRC32 and SHA-256, only the CRC32s (fast, against damage
+  // only) or none.
+  tensorizer::HashCheck hash_check = tensorizer::HashCheck::kAll;
   // Encrypted files: the 32-byte key or a passphrase (at most one). Never logged.
   std::string encryption_key;
   std::string encryption_passphrase;

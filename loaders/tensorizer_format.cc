@@ -2,6 +2,7 @@
 
 #include <isa-l/crc.h>
 #include <openssl/evp.h>
+#include <zlib.h>
 
 #include <algorithm>
 #include <atomic>
@@ -181,6 +182,10 @@ uint32_t Crc32(uint32_t crc, std::span<const std::byte> data) {
   // carry-less multiplication: about 5x zlib's table-driven speed, so CRC32 costs less than the
   // SHA-256 it is verified alongside.
   return crc32_gzip_refl(crc, reinterpret_cast<const unsigned char*>(data.data()), data.size());
+}
+
+uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b) {
+  return static_cast<uint32_t>(crc32_combine(crc_a, crc_b, static_cast<z_off_t>(length_b)));
 }
 
 size_t ElementSize(ElementType t) { return Info(t).size; }
@@ -402,22 +407,27 @@ absl::StatusOr<RecordHeader> ParseRecordHeader(std::span<const std::byte> header
   return h;
 }
 
-absl::StatusOr<Digests> ComputeDigests(std::span<const std::byte> header,
-                                       std::span<const HashField> hashes, uint64_t crypt_begin,
-                                       uint64_t crypt_end, std::span<const std::byte> plaintext,
-                                       bool want_crc32, bool want_sha256) {
+std::string HashedHeaderBytes(std::span<const std::byte> header, std::span<const HashField> hashes,
+                              uint64_t crypt_begin, uint64_t crypt_end) {
   std::string zeroed(reinterpret_cast<const char*>(header.data()), header.size());
   for (const HashField& field : hashes) {
     if (field.value_offset + field.length <= zeroed.size()) {
       std::memset(zeroed.data() + field.value_offset, 0, field.length);
     }
   }
-  const auto* z = reinterpret_cast<const std::byte*>(zeroed.data());
-  const std::span<const std::byte> all(z, zeroed.size());
-  const bool has_crypt = crypt_end > crypt_begin && crypt_end <= all.size();
+  if (crypt_end > crypt_begin && crypt_end <= zeroed.size()) {
+    zeroed.erase(crypt_begin, crypt_end - crypt_begin);
+  }
+  return zeroed;
+}
+
+absl::StatusOr<Digests> ComputeDigests(std::span<const std::byte> header,
+                                       std::span<const HashField> hashes, uint64_t crypt_begin,
+                                       uint64_t crypt_end, std::span<const std::byte> plaintext,
+                                       bool want_crc32, bool want_sha256) {
+  const std::string hashed_header = HashedHeaderBytes(header, hashes, crypt_begin, crypt_end);
   const std::span<const std::byte> parts[] = {
-      has_crypt ? all.first(crypt_begin) : all,
-      has_crypt ? all.subspan(crypt_end) : std::span<const std::byte>(), plaintext};
+      {reinterpret_cast<const std::byte*>(hashed_header.data()), hashed_header.size()}, plaintext};
 
   std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(nullptr, &EVP_MD_CTX_free);
   if (want_sha256) {

@@ -182,6 +182,11 @@ absl::StatusOr<RecordHeader> ParseRecordHeader(std::span<const std::byte> header
                                                bool has_crypt_info, absl::string_view what,
                                                const FileErrors& err);
 
+// The header bytes §6.1 hashes: `header` with every hash value replaced by zeros and
+// [crypt_begin, crypt_end) left out (an empty or out-of-range region is kept).
+std::string HashedHeaderBytes(std::span<const std::byte> header, std::span<const HashField> hashes,
+                              uint64_t crypt_begin, uint64_t crypt_end);
+
 // The two digests §6.1 defines over one record.
 struct Digests {
   uint32_t crc32 = 0;
@@ -197,6 +202,9 @@ absl::StatusOr<Digests> ComputeDigests(std::span<const std::byte> header,
 // zlib's crc32(crc, data): the IEEE CRC-32 (reflected 0xEDB88320, pre- and post-inverted),
 // continuing from `crc` (0 to start), computed by ISA-L.
 uint32_t Crc32(uint32_t crc, std::span<const std::byte> data);
+// The CRC32 of A followed by B from crc_a = Crc32(0, A), crc_b = Crc32(0, B) and B's length
+// (zlib's crc32_combine), so pieces of one stream can be hashed apart and in parallel.
+uint32_t Crc32Combine(uint32_t crc_a, uint32_t crc_b, uint64_t length_b);
 
 // Product of `shape` (1 for 0-d) and that times the element size, or an error when a dimension
 // is negative or either overflows int64.

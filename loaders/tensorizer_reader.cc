@@ -247,7 +247,7 @@ absl::StatusOr<TensorizerFile> TensorizerFile::Open(const fs::path& path) {
   auto state = std::make_shared<State>();
   state->path_text = path.string();
   const FileErrors err(state->path_text);
-  KILN_ASSIGN_OR_RETURN(state->file, MappedFile::Open(path));
+  KILN_ASSIGN_OR_RETURN(state->file, MappedFile::Open(path, /*keep_descriptor=*/true));
   const std::span<const std::byte> bytes = state->file->bytes();
   KILN_ASSIGN_OR_RETURN(state->header, ParseFileHeader(bytes, err));
   const FileHeader& header = state->header;
@@ -407,46 +407,28 @@ absl::StatusOr<std::vector<TensorBytes>> TensorizerFile::ReadAll(const ReadOptio
     }
   }
 
-  if (options.verify_hashes) {
-    // Largest first, so one big tensor does not start last and leave the other threads idle.
-    std::vector<size_t> order(n);
-    std::iota(order.begin(), order.end(), 0);
-    std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
-      return s.tensors[a].data_length > s.tensors[b].data_length;
-    });
-    KILN_RETURN_IF_ERROR(ParallelFor(n, options.threads, [&](size_t k) -> absl::Status {
-      const size_t i = order[k];
+  if (options.hash_check != HashCheck::kNone) {
+    std::vector<RecordToVerify> records(n);
+    for (size_t i = 0; i < n; ++i) {
       const TensorInfo& t = s.tensors[i];
       const RecordHeader& r = s.records[i];
-      const std::span<const std::byte> header(base + t.header_offset, r.header_size);
+      RecordToVerify& v = records[i];
+      v.name = t.name;
+      v.header = std::span<const std::byte>(base + t.header_offset, r.header_size);
+      v.hashes = r.hashes;
+      v.crypt_begin = r.crypt_begin;
+      v.crypt_end = r.crypt_end;
       // A meta tensor's hashes cover its header only.
-      const std::span<const std::byte> data =
-          t.meta ? std::span<const std::byte>()
-                 : std::span<const std::byte>(out[i].data, out[i].size);
-      KILN_ASSIGN_OR_RETURN(Digests digests,
-                            ComputeDigests(header, r.hashes, r.crypt_begin, r.crypt_end, data,
-                                           t.has_crc32, t.has_sha256));
-      for (const HashField& field : r.hashes) {
-        const std::byte* stored = header.data() + field.value_offset;
-        if (field.type == HashType::kCrc32) {
-          const uint32_t value = LoadLe<uint32_t>(stored);
-          if (value != digests.crc32) {
-            return err.DataLoss("tensor ", QuoteName(t.name), ": CRC32 mismatch (stored 0x",
-                                absl::Hex(value, absl::kZeroPad8), ", computed 0x",
-                                absl::Hex(digests.crc32, absl::kZeroPad8), ")");
-          }
-        } else if (std::memcmp(stored, digests.sha256.data(), digests.sha256.size()) != 0) {
-          return err.DataLoss(
-              "tensor ", QuoteName(t.name), ": SHA-256 mismatch (stored ",
-              absl::BytesToHexString(absl::string_view(reinterpret_cast<const char*>(stored), 32)),
-              ", computed ",
-              absl::BytesToHexString(
-                  absl::string_view(reinterpret_cast<const char*>(digests.sha256.data()), 32)),
-              ")");
-        }
+      if (!t.meta) {
+        v.data = out[i].data;
+        v.size = out[i].size;
+        v.in_file = !t.encrypted;
+        v.file_offset = t.data_offset;
       }
-      return absl::OkStatus();
-    }));
+      v.authenticated = t.encrypted;
+    }
+    KILN_RETURN_IF_ERROR(VerifyRecordHashes(
+        records, {options.hash_check, options.threads, s.file->descriptor()}, err));
   }
 
   if (!owned->decrypted.empty() || owned->zeros != nullptr) {

@@ -2,7 +2,8 @@
 // shared/docs/tensorizer-format.md). The file is memory-mapped; Open validates the header, the
 // index and every record header without touching tensor data, and ReadAll hands out each tensor's
 // plaintext: zero-copy views into the mapping where possible, owned buffers for decrypted and
-// meta tensors, with CRC32/SHA-256 verification and decryption in parallel over tensors.
+// meta tensors, with decryption in parallel over pieces and the stored CRC32/SHA-256 checked on
+// every thread (tensorizer_verify.h).
 //
 // Error codes:
 //   NotFound / PermissionDenied / ...  the file cannot be opened or mapped (from MappedFile)
@@ -30,6 +31,7 @@
 #include "absl/strings/string_view.h"
 #include "loaders/tensorizer_crypto.h"
 #include "loaders/tensorizer_format.h"
+#include "loaders/tensorizer_verify.h"
 
 namespace kiln::tensorizer {
 
@@ -53,7 +55,7 @@ struct TensorInfo {
 };
 
 struct ReadOptions {
-  bool verify_hashes = true;
+  HashCheck hash_check = HashCheck::kAll;
   std::optional<DecryptionKey> key;  // required iff the file has encrypted records
   int threads = 0;                   // 0 = hardware concurrency
 };
@@ -89,11 +91,11 @@ class TensorizerFile {
   const TensorInfo* Find(absl::string_view name) const;
 
   // The plaintext of every tensor, in index order: zero-copy views for plain records, owned
-  // buffers for decrypted records and the shared zero mapping for meta tensors. With
-  // options.verify_hashes, checks every stored CRC32/SHA-256 (header with hash values zeroed and
-  // crypt info left out, then the plaintext). Decryption and hashing run in parallel (the
-  // largest tensors first). The views stay valid while this object or any keep_alive() handle
-  // lives; the owned buffers of every successful call are kept until then. Thread-safe.
+  // buffers for decrypted records and the shared zero mapping for meta tensors. Checks the
+  // stored hashes options.hash_check selects (header with hash values zeroed and crypt info left
+  // out, then the plaintext). Decryption and hashing run on options.threads threads. The views
+  // stay valid while this object or any keep_alive() handle lives; the owned buffers of every
+  // successful call are kept until then. Thread-safe.
   absl::StatusOr<std::vector<TensorBytes>> ReadAll(const ReadOptions& options) const;
 
   // Keeps the mapping and every owned buffer (of past and future ReadAll calls) alive.

@@ -91,6 +91,7 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
     LinearPackSpec spec;
     spec.name = std::move(name);
     spec.compute_dtype = compute;
+    spec.quantization = options.quantize;
     for (const TensorRecord* block : blocks) {
       KILN_ASSIGN_OR_RETURN(WeightView view, AsMatrix(*block));
       spec.row_blocks.push_back(view);
@@ -200,8 +201,13 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
                                             " prepared a different number of tensors than asked"));
   }
   for (size_t i = 0; i < linear_slots.size(); ++i) {
+    if (prepared.linears[i]->quantization() != Quantization::kNone) {
+      model->quantization_ = prepared.linears[i]->quantization();
+      ++model->quantized_linears_;
+    }
     *linear_slots[i] = std::move(prepared.linears[i]);
   }
+  model->linear_count_ = static_cast<int>(linear_slots.size());
   prepared.linears.clear();
   for (size_t i = 0; i < constant_slots.size(); ++i) *constant_slots[i] = prepared.constants[i];
   model->embedding_zero_copy_ = prepared.zero_copy[embedding_constant];
@@ -256,6 +262,11 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> BuildPreparedModel(WeightSource s
   LOG(INFO) << "post-load on backend " << model->backend_name() << " ("
             << model->backend_description() << "): prepared " << model->weight_bytes()
             << " bytes as " << DTypeName(model->compute_dtype())
+            << (model->quantization() != Quantization::kNone
+                    ? absl::StrCat(", ", QuantizationName(model->quantization()), " in ",
+                                   model->quantized_linears(), " of ", model->linear_count(),
+                                   " linears")
+                    : "")
             << (model->embedding_zero_copy() ? ", embedding read in place" : "") << ", arena "
             << model->scratch_bytes() << " bytes, KV pool " << model->kv_pool().bytes()
             << " bytes (" << model->kv_pool().num_blocks() << " blocks of "

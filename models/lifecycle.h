@@ -23,6 +23,8 @@ struct PostLoadOptions {
   // positions (at most max_position_embeddings), at most a quarter of the backend's available
   // memory.
   KvPoolOptions kv_pool;
+  // Weight quantization of the linears (kernels/quantization.h); kNone keeps compute_dtype.
+  Quantization quantize = Quantization::kNone;
 };
 
 // The compute dtype a user names ("", "bf16" or "f32"; any case): nullopt for "" (the

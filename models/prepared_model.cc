@@ -125,6 +125,30 @@ void PreparedModel::set_op_profile(OpProfile* profile) const {
   context_->set_profile(profile);
 }
 
+void PreparedModel::set_linear_observer(ExecutionContext::LinearObserver observer) const {
+  absl::MutexLock lock(&mutex_);
+  context_->set_linear_observer(std::move(observer));
+}
+
+const PackedLinear* PreparedModel::FindLinear(absl::string_view name) const {
+  auto in_layer = [&](const Layer& layer) -> const PackedLinear* {
+    for (const PackedLinear* linear :
+         {layer.qkv.get(), layer.o.get(), layer.gate_up.get(), layer.down.get()}) {
+      if (linear != nullptr && linear->name() == name) return linear;
+    }
+    return nullptr;
+  };
+  if (lm_head_ != nullptr && lm_head_->name() == name) return lm_head_.get();
+  for (const Layer& layer : layers_) {
+    if (const PackedLinear* found = in_layer(layer)) return found;
+  }
+  for (const MtpHead& head : mtp_heads_) {
+    if (head.proj != nullptr && head.proj->name() == name) return head.proj.get();
+    if (const PackedLinear* found = in_layer(head.block)) return found;
+  }
+  return nullptr;
+}
+
 absl::Status PreparedModel::Forward(std::span<const SequenceChunk> chunks,
                                     std::vector<float>* logits,
                                     std::vector<float>* hidden_out) const {

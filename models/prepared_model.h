@@ -68,6 +68,11 @@ class PreparedModel {
   absl::string_view backend_name() const { return backend_->name(); }
   std::string backend_description() const { return backend_->description(); }
   DType compute_dtype() const { return compute_dtype_; }
+  // The weight quantization PostLoad applied (kNone: every linear in compute_dtype()), and in how
+  // many of the model's linears (shapes or CPUs the quantized kernels refuse fall back).
+  Quantization quantization() const { return quantization_; }
+  int quantized_linears() const { return quantized_linears_; }
+  int linear_count() const { return linear_count_; }
   int64_t parameter_count() const { return parameter_count_; }
   // Bytes the model holds for its forward pass: packed weights, norms, the embedding table, the
   // RoPE table (MTP heads included).
@@ -104,6 +109,11 @@ class PreparedModel {
 
   // While set (not null), Forward and MtpForward add each op's time to `profile` (benches).
   void set_op_profile(OpProfile* profile) const;
+  // While set, Forward and MtpForward call `observer` after every linear (benches).
+  void set_linear_observer(ExecutionContext::LinearObserver observer) const;
+  // The packed linear PostLoad named `name` ("lm_head", "layers.3.qkv", "mtp.0.proj", ...), or
+  // null.
+  const PackedLinear* FindLinear(absl::string_view name) const;
 
   // MTP heads restored from the checkpoint (0 when it has none), in head order; draft step s
   // uses head s % num_mtp_heads().
@@ -178,6 +188,9 @@ class PreparedModel {
   LoadReport report_;
   StageTimings timings_;
   DType compute_dtype_ = DType::kF32;
+  Quantization quantization_ = Quantization::kNone;
+  int quantized_linears_ = 0;
+  int linear_count_ = 0;
   int64_t parameter_count_ = 0;
   std::shared_ptr<Backend> backend_;
   WeightSource source_;  // keeps the checkpoint's bytes alive (read in place where zero-copy)

@@ -54,7 +54,7 @@ struct SourceProvenance {
   std::string format_version;      // free text, e.g. "tensorizer v4"
   std::vector<std::string> files;  // files read, relative to the model root
   LoadMode load_mode = LoadMode::kMmapZeroCopy;
-  bool hashes_verified = false;
+  std::string hash_check;  // Tensorizer: the stored hashes checked ("all", "crc32", "none")
   bool encrypted = false;
   uint64_t bytes_read = 0;  // payload bytes the loader exposed
   WeightLayout layout = WeightLayout::kHuggingFace;

@@ -14,8 +14,9 @@ packages=(
   libabsl-dev libgoogle-glog-dev nlohmann-json3-dev libssl-dev
   # tokenizers: PCRE2 (split regexes), utf8proc (Unicode normalization), simdjson (fast tokenizer.json)
   libpcre2-dev libutf8proc-dev libsimdjson-dev
-  # Tensorizer files: ISA-L (CRC32), libsodium (XSalsa20-Poly1305, Argon2id)
-  libisal-dev libsodium-dev
+  # Tensorizer files: ISA-L (CRC32), zlib (combining the CRC32s of pieces), libsodium
+  # (XSalsa20-Poly1305, Argon2id)
+  libisal-dev zlib1g-dev libsodium-dev
   # metrics endpoint: civetweb (embedded HTTP server); promtool (from prometheus) checks it in tests
   libcivetweb-dev prometheus
   # OpenAI HTTP API and the load generator's HTTP client: Boost.Beast/Asio (header-only)
@@ -24,6 +25,8 @@ packages=(
   libgtest-dev googletest libtorch-dev
   # end-to-end test (tests/e2e): Debian's Python gRPC and Protobuf for /usr/bin/python3
   python3-grpcio python3-protobuf
+  # tools/gguf/safetensors_to_gguf.py (GGUF files for the llama.cpp comparison bench) and its test
+  python3-numpy
 )
 # The OpenAI SDK end-to-end test (tests/e2e/openai) runs on Node.js: Debian's nodejs and npm,
 # unless a Node.js with npm is already installed (another distribution's nodejs package

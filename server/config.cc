@@ -8,8 +8,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "base/status_macros.h"
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
+#include "kernels/quantization.h"
 #include "server/model_info.h"
 
 namespace kiln {
@@ -171,24 +173,46 @@ void AddOrReplaceModel(ModelSpec spec, std::vector<ModelSpec>* models) {
   models->push_back(std::move(spec));
 }
 
-absl::Status ApplyChatTemplateFlag(absl::string_view text, std::vector<ModelSpec>* models) {
-  if (text.empty()) return absl::InvalidArgumentError("--chat-template: empty value");
+namespace {
+
+// A per-model flag's value: "NAME=VALUE" for the startup model NAME, else VALUE for every startup
+// model; `set` stores a value into a spec.
+template <typename Set>
+absl::Status ApplyToStartupModels(absl::string_view flag, absl::string_view text,
+                                  std::vector<ModelSpec>* models, Set&& set) {
+  if (text.empty()) return absl::InvalidArgumentError(absl::StrCat("--", flag, ": empty value"));
   const size_t eq = text.find('=');
   if (eq != absl::string_view::npos) {
     const absl::string_view name = text.substr(0, eq);
     for (ModelSpec& model : *models) {
-      if (model.name == name) {
-        model.chat_template_file = std::string(text.substr(eq + 1));
-        return absl::OkStatus();
-      }
+      if (model.name == name) return set(model, text.substr(eq + 1));
     }
   }
   if (models->empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "--chat-template ", text, ": no startup model to apply it to (give --model first)"));
+        "--", flag, " ", text, ": no startup model to apply it to (give --model first)"));
   }
-  for (ModelSpec& model : *models) model.chat_template_file = std::string(text);
+  for (ModelSpec& model : *models) KILN_RETURN_IF_ERROR(set(model, text));
   return absl::OkStatus();
+}
+
+}  // namespace
+
+absl::Status ApplyChatTemplateFlag(absl::string_view text, std::vector<ModelSpec>* models) {
+  return ApplyToStartupModels("chat-template", text, models,
+                              [](ModelSpec& model, absl::string_view file) {
+                                model.chat_template_file = std::string(file);
+                                return absl::OkStatus();
+                              });
+}
+
+absl::Status ApplyQuantizeFlag(absl::string_view text, std::vector<ModelSpec>* models) {
+  return ApplyToStartupModels(
+      "quantize", text, models, [](ModelSpec& model, absl::string_view mode) {
+        KILN_RETURN_IF_ERROR(KilnAnnotate(ParseQuantization(mode).status(), "--quantize"));
+        model.quantize = std::string(mode);
+        return absl::OkStatus();
+      });
 }
 
 }  // namespace kiln

@@ -38,5 +38,7 @@ void AddOrReplaceModel(ModelSpec spec, std::vector<ModelSpec>* models);
 // A --chat-template value: "NAME=FILE" for the startup model NAME, else FILE for every startup
 // model. InvalidArgument when there is no model to apply it to.
 absl::Status ApplyChatTemplateFlag(absl::string_view text, std::vector<ModelSpec>* models);
+// A --quantize value: "NAME=MODE" or MODE (none, int8, int4), as --chat-template.
+absl::Status ApplyQuantizeFlag(absl::string_view text, std::vector<ModelSpec>* models);
 
 }  // namespace kiln

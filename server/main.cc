@@ -78,6 +78,9 @@ ABSL_FLAG(std::string, api_key_file, "", "HTTP API: a file holding the API key (
 ABSL_FLAG(std::vector<std::string>, chat_template, {},
           "FILE or NAME=FILE: a Jinja2 chat template replacing the checkpoint's default, for "
           "every startup model or for model NAME; repeatable");
+ABSL_FLAG(std::vector<std::string>, quantize, {},
+          "MODE or NAME=MODE (none, int8 per output channel, int4 in groups of 32): weight "
+          "quantization of every startup model or of model NAME; repeatable");
 ABSL_FLAG(absl::Duration, token_delay_for_testing, absl::ZeroDuration(),
           "for tests and benchmarks only: delay every streamed token by this long (e.g. 20ms), "
           "so that a load generator measures a known inter-token latency");
@@ -185,6 +188,11 @@ absl::StatusOr<ServerOptions> BuildOptions(int argc, char** argv) {
   }
   for (const std::string& text : CollectRepeatedFlag(argc, argv, "chat_template", true)) {
     if (absl::Status status = ApplyChatTemplateFlag(text, &options.models); !status.ok()) {
+      return status;
+    }
+  }
+  for (const std::string& text : CollectRepeatedFlag(argc, argv, "quantize", true)) {
+    if (absl::Status status = ApplyQuantizeFlag(text, &options.models); !status.ok()) {
       return status;
     }
   }

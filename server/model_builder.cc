@@ -84,7 +84,7 @@ absl::StatusOr<TensorizerCheckpointOptions> ModelBuilder::TensorizerOptionsFor(
     const ModelSpec& spec) const {
   const TensorizerSpec& tz = spec.tensorizer;
   TensorizerCheckpointOptions options;
-  options.verify_hashes = !tz.skip_hash_verification;
+  KILN_ASSIGN_OR_RETURN(options.hash_check, TensorizerHashCheck(tz));
   if (!tz.config_path.empty()) {
     KILN_ASSIGN_OR_RETURN(options.config_path,
                           roots_.Resolve(tz.config_path, "tensorizer.config_path"));
@@ -118,6 +118,7 @@ absl::StatusOr<BuiltModel> ModelBuilder::Build(const ModelSpec& spec, const fs::
   KILN_ASSIGN_OR_RETURN(std::shared_ptr<Backend> backend, BackendFor(BackendName(spec)));
   LoadOptions load_options;
   KILN_ASSIGN_OR_RETURN(load_options.compute_dtype, ParseComputeDType(spec.dtype));
+  KILN_ASSIGN_OR_RETURN(load_options.quantize, ParseQuantization(spec.quantize));
   KILN_ASSIGN_OR_RETURN(load_options.tensorizer, TensorizerOptionsFor(spec));
 
   KILN_ASSIGN_OR_RETURN(OpenedCheckpoint opened, OpenCheckpoint(path, load_options));

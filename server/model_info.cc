@@ -48,6 +48,7 @@ void FillModelInfo(const ModelSnapshot& snapshot, v1::ModelInfo* info) {
     // Not loaded (yet): what was asked for.
     info->set_format(snapshot.spec.format);
     info->set_dtype(snapshot.spec.dtype);
+    info->set_quantization(snapshot.spec.quantize);
     return;
   }
   const PreparedModel& model = *snapshot.model;
@@ -55,6 +56,9 @@ void FillModelInfo(const ModelSnapshot& snapshot, v1::ModelInfo* info) {
   info->set_backend_description(model.backend_description());
   info->set_architecture(model.config().architecture_name);
   info->set_dtype(std::string(DTypeApiName(model.compute_dtype())));
+  info->set_quantization(std::string(QuantizationName(model.quantization())));
+  info->set_quantized_linears(model.quantized_linears());
+  info->set_linears(model.linear_count());
   info->set_parameter_count(model.parameter_count());
   info->set_bytes_in_memory(model.weight_bytes());
   info->set_format(model.provenance().format);
@@ -62,8 +66,10 @@ void FillModelInfo(const ModelSnapshot& snapshot, v1::ModelInfo* info) {
   info->set_loader(absl::StrCat(
       provenance.format, provenance.format_version.empty() ? "" : " ", provenance.format_version,
       " (", LoadModeName(provenance.load_mode), provenance.encrypted ? ", decrypted" : "",
-      provenance.format == "tensorizer" && !provenance.hashes_verified ? ", hashes not verified"
-                                                                       : "",
+      provenance.format != "tensorizer"  ? ""
+      : provenance.hash_check == "none"  ? ", hashes not verified"
+      : provenance.hash_check == "crc32" ? ", CRC32s verified, SHA-256 not"
+                                         : "",
       ")"));
   info->set_vocab_size(static_cast<int32_t>(model.config().vocab_size));
   info->set_max_context(snapshot.max_context);
@@ -114,12 +120,14 @@ void FillModelInfo(const ModelSnapshot& snapshot, v1::ModelInfo* info) {
 template <typename Message>
 ModelSpec SpecFrom(const Message& m) {
   ModelSpec spec{m.name(), m.path(), m.format(), m.dtype(), m.backend(), {}};
+  spec.quantize = m.quantize();
   spec.kv_cache_bytes = m.kv_cache_bytes();
   spec.prefix_caching = !m.disable_prefix_caching();
   const v1::TensorizerOptions& tensorizer = m.tensorizer();
   TensorizerSpec& tz = spec.tensorizer;
   tz.config_path = tensorizer.config_path();
   tz.skip_hash_verification = tensorizer.skip_hash_verification();
+  tz.hash_check = tensorizer.hash_check();
   tz.encryption_key = tensorizer.encryption_key();
   tz.encryption_passphrase = tensorizer.encryption_passphrase();
   tz.encryption_key_file = tensorizer.encryption_key_file();

@@ -18,6 +18,20 @@ bool ValidNameChar(char c) {
 
 }  // namespace
 
+absl::StatusOr<tensorizer::HashCheck> TensorizerHashCheck(const TensorizerSpec& tz) {
+  if (tz.hash_check.empty()) {
+    return tz.skip_hash_verification ? tensorizer::HashCheck::kNone : tensorizer::HashCheck::kAll;
+  }
+  absl::StatusOr<tensorizer::HashCheck> check = tensorizer::ParseHashCheck(tz.hash_check);
+  if (!check.ok()) return KilnAnnotate(check.status(), "tensorizer.hash_check");
+  if (tz.skip_hash_verification && *check != tensorizer::HashCheck::kNone) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tensorizer: skip_hash_verification contradicts hash_check \"", tz.hash_check,
+                     "\" (give one of them)"));
+  }
+  return check;
+}
+
 absl::Status ValidateModelSpec(const ModelSpec& spec) {
   if (spec.name.empty()) return absl::InvalidArgumentError("name: a model name is required");
   if (spec.name.size() > 128) {
@@ -48,7 +62,9 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
     return absl::InvalidArgumentError(absl::StrCat(
         "tensorizer.encryption_key: a key is 32 bytes, got ", tz.encryption_key.size()));
   }
+  KILN_RETURN_IF_ERROR(TensorizerHashCheck(tz).status());
   KILN_RETURN_IF_ERROR(KilnAnnotate(ParseComputeDType(spec.dtype).status(), "dtype"));
+  KILN_RETURN_IF_ERROR(KilnAnnotate(ParseQuantization(spec.quantize).status(), "quantize"));
   if (!spec.backend.empty()) {
     if (absl::Status known = CheckBackendAvailable(spec.backend);
         known.code() == absl::StatusCode::kInvalidArgument) {

@@ -6,14 +6,17 @@
 #include <string>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "loaders/tensorizer_verify.h"
 
 namespace kiln {
 
 // Tensorizer options of a ModelSpec (kiln.v1.TensorizerOptions in C++). Secrets are never logged.
 struct TensorizerSpec {
-  std::string config_path;  // inside a model root; "" = config.json beside the file
-  bool skip_hash_verification = false;
-  std::string encryption_key;  // 32 raw bytes
+  std::string config_path;              // inside a model root; "" = config.json beside the file
+  bool skip_hash_verification = false;  // the same as hash_check "none"
+  std::string hash_check;               // "" or "all" (CRC32 and SHA-256), "crc32" or "none"
+  std::string encryption_key;           // 32 raw bytes
   std::string encryption_passphrase;
   std::string encryption_key_file;         // server-side file: 32 raw bytes
   std::string encryption_passphrase_file;  // server-side file: the passphrase (one line)
@@ -32,10 +35,16 @@ struct ModelSpec {
   // at load (the text wins when both are set). "" = the checkpoint's.
   std::string chat_template;
   std::string chat_template_file;
+  std::string quantize;  // "" / "none", "int8" or "int4" (kernels/quantization.h)
 };
 
-// InvalidArgument naming the field at fault (name, path, format, dtype, backend, tensorizer.*).
+// InvalidArgument naming the field at fault (name, path, format, dtype, quantize, backend,
+// tensorizer.*).
 // Whether the backend is available is the builder's to say (FailedPrecondition).
 absl::Status ValidateModelSpec(const ModelSpec& spec);
+
+// The stored Tensorizer hashes a spec asks to check (tensorizer.hash_check and
+// skip_hash_verification); InvalidArgument naming the field for an unknown or contradictory one.
+absl::StatusOr<tensorizer::HashCheck> TensorizerHashCheck(const TensorizerSpec& tz);
 
 }  // namespace kiln

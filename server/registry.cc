@@ -126,8 +126,13 @@ absl::StatusOr<ModelSnapshot> ModelRegistry::Finish(const std::shared_ptr<Entry>
   const StageTimings& timings = model.timings();
   LOG(INFO) << "model '" << spec.name << "' READY from " << entry->data.resolved_path << ": "
             << model.config().architecture_name << ", " << model.parameter_count()
-            << " parameters, " << DTypeApiName(model.compute_dtype()) << ", "
-            << model.weight_bytes() << " bytes, on backend " << model.backend_name() << " ("
+            << " parameters, " << DTypeApiName(model.compute_dtype())
+            << (model.quantization() != Quantization::kNone
+                    ? absl::StrCat(" (", QuantizationName(model.quantization()), " in ",
+                                   model.quantized_linears(), " of ", model.linear_count(),
+                                   " linears)")
+                    : "")
+            << ", " << model.weight_bytes() << " bytes, on backend " << model.backend_name() << " ("
             << model.backend_description() << "), " << model.provenance().format << " ("
             << LoadModeName(model.provenance().load_mode) << "); open " << timings.open_seconds
             << " s, bind " << timings.bind_seconds << " s, post-load " << timings.post_load_seconds

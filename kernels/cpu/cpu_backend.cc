@@ -13,10 +13,12 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "base/logging.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/host_memory.h"
 #include "kernels/cpu/onednn_linear.h"
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/quantized_linear.h"
 
 namespace kiln {
 namespace {
@@ -253,13 +255,13 @@ class CpuBackend final : public Backend {
 
   absl::StatusOr<std::unique_ptr<PackedLinear>> PackLinear(const LinearPackSpec& spec) override {
     KILN_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<PackedLinear>> packed,
-                          packer_->Pack(absl::MakeConstSpan(&spec, 1), /*threads=*/1));
+                          PackAll(absl::MakeConstSpan(&spec, 1), /*threads=*/1));
     return std::move(packed.front());
   }
 
   absl::StatusOr<std::vector<std::unique_ptr<PackedLinear>>> PackLinears(
       absl::Span<const LinearPackSpec> specs) override {
-    return packer_->Pack(specs, std::max(1, omp_get_max_threads()));
+    return PackAll(specs, std::max(1, omp_get_max_threads()));
   }
 
   absl::StatusOr<std::unique_ptr<ExecutionContext>> CreateContext(
@@ -272,6 +274,36 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // Quantized specs go to the quantized kernels where this CPU and the shape allow them; the rest,
+  // and those that fall back (logged once per reason), to oneDNN in their compute dtype.
+  absl::StatusOr<std::vector<std::unique_ptr<PackedLinear>>> PackAll(
+      absl::Span<const LinearPackSpec> specs, int threads) {
+    std::vector<std::unique_ptr<PackedLinear>> packed(specs.size());
+    std::vector<LinearPackSpec> dense;
+    std::vector<size_t> dense_at;
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (specs[i].quantization != Quantization::kNone) {
+        const std::string refusal = cpu::QuantizedPackRefusal(specs[i]);
+        if (refusal.empty()) {
+          KILN_ASSIGN_OR_RETURN(packed[i], cpu::PackQuantizedLinear(specs[i], threads));
+          continue;
+        }
+        LOG_FIRST_N(WARNING, 4) << specs[i].name << ": not quantized to "
+                                << QuantizationName(specs[i].quantization) << " (" << refusal
+                                << "); packed as " << DTypeName(specs[i].compute_dtype);
+      }
+      dense.push_back(specs[i]);
+      dense.back().quantization = Quantization::kNone;
+      dense_at.push_back(i);
+    }
+    if (!dense.empty()) {
+      KILN_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<PackedLinear>> from_onednn,
+                            packer_->Pack(dense, threads));
+      for (size_t j = 0; j < dense_at.size(); ++j) packed[dense_at[j]] = std::move(from_onednn[j]);
+    }
+    return packed;
+  }
+
   const std::unique_ptr<cpu::OneDnnPacker> packer_;
   std::string description_;
 };

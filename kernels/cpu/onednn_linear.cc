@@ -29,6 +29,7 @@
 #include "base/status_macros.h"
 #include "kernels/cpu/host_memory.h"
 #include "kernels/cpu/linear_dispatch.h"
+#include "kernels/cpu/quantized_linear.h"
 #include "kernels/cpu/small_m_linear.h"
 
 namespace kiln::cpu {
@@ -725,6 +726,12 @@ absl::StatusOr<std::vector<std::unique_ptr<PackedLinear>>> OneDnnPacker::Pack(
 
 absl::Status RunLinear(const PackedLinear& linear, const float* x, int64_t m, float* y,
                        LinearPath path) {
+  if (IsQuantizedLinear(linear)) {
+    if (path == LinearPath::kChosen)
+      return RunQuantizedLinear(linear, x, m, y, omp_get_max_threads());
+    return absl::InvalidArgumentError(
+        absl::StrCat(linear.name(), " is quantized: only its own kernel runs it"));
+  }
   const auto* packed = dynamic_cast<const OneDnnLinear*>(&linear);
   if (packed == nullptr) {
     return absl::InvalidArgumentError(

@@ -50,13 +50,13 @@ class TensorizerCorruptionTest : public ::testing::Test {
   }
   // Writes `bytes`, opens them and reads every tensor; the first error, or OK.
   absl::Status OpenAndRead(const std::string& bytes, std::optional<DecryptionKey> key = {},
-                           bool verify = true) {
+                           HashCheck check = HashCheck::kAll) {
     WriteBytes(Path(), bytes);
     absl::StatusOr<TensorizerFile> file = TensorizerFile::Open(Path());
     if (!file.ok()) return file.status();
     ReadOptions options;
     options.key = std::move(key);
-    options.verify_hashes = verify;
+    options.hash_check = check;
     return file->ReadAll(options).status();
   }
   absl::Status OpenOnly(const std::string& bytes) {
@@ -221,7 +221,7 @@ TEST_F(TensorizerCorruptionTest, FlippedDataFailsTheHashNamingTheTensor) {
       ExpectError(OpenAndRead(bad), absl::StatusCode::kDataLoss,
                   {std::string("tensor \"") + name + "\"", "CRC32 mismatch"});
       // Unverified, the flip goes unnoticed; the bytes come back as stored.
-      EXPECT_TRUE(OpenAndRead(bad, std::nullopt, /*verify=*/false).ok());
+      EXPECT_TRUE(OpenAndRead(bad, std::nullopt, HashCheck::kNone).ok());
     }
   }
 }
@@ -230,10 +230,10 @@ TEST_F(TensorizerCorruptionTest, FlippedCiphertextFailsTheMacNamingTheTensor) {
   const std::string good = ReadBytes(kDir / kRaw);
   const std::vector<Layout> layouts = Layouts(kRaw);
   // big_f32_3000: 4096-byte pieces, so byte 9000 is in piece 2 of 3.
-  for (bool verify : {true, false}) {
+  for (HashCheck check : {HashCheck::kAll, HashCheck::kCrc32, HashCheck::kNone}) {
     std::string bad = good;
     bad[layouts[1].data + 9000] ^= 0x01;
-    ExpectError(OpenAndRead(bad, RawKey(), verify), absl::StatusCode::kDataLoss,
+    ExpectError(OpenAndRead(bad, RawKey(), check), absl::StatusCode::kDataLoss,
                 {"tensor \"big_f32_3000\"", "piece 2 of 3", "MAC", "corrupted"});
   }
   std::string bad = good;
@@ -338,7 +338,7 @@ TEST_F(TensorizerCorruptionTest, AbsurdNameLengthRankAndDims) {
   absl::StatusOr<TensorizerFile> file = TensorizerFile::Open(Path());
   ASSERT_TRUE(file.ok()) << file.status();
   ReadOptions options;
-  options.verify_hashes = false;
+  options.hash_check = HashCheck::kNone;
   absl::StatusOr<std::vector<TensorBytes>> bytes = file->ReadAll(options);
   ASSERT_TRUE(bytes.ok()) << bytes.status();
   const TensorBytes& zeros = (*bytes)[meta];

@@ -58,10 +58,11 @@ std::optional<DecryptionKey> KeyFor(const std::string& file) {
 
 absl::StatusOr<std::vector<TensorBytes>> ReadWith(const TensorizerFile& file,
                                                   std::optional<DecryptionKey> key,
-                                                  bool verify = true, int threads = 0) {
+                                                  HashCheck check = HashCheck::kAll,
+                                                  int threads = 0) {
   ReadOptions options;
   options.key = std::move(key);
-  options.verify_hashes = verify;
+  options.hash_check = check;
   options.threads = threads;
   return file.ReadAll(options);
 }
@@ -286,8 +287,8 @@ TEST(TensorizerReaderTest, VllmMarkerIsAMetaParam) {
 TEST(TensorizerReaderTest, HashCheckOffAndThreadCountsGiveTheSameBytes) {
   absl::StatusOr<TensorizerFile> file = TensorizerFile::Open(kDir / "llama_tiny_hf_bf16.tensors");
   ASSERT_TRUE(file.ok()) << file.status();
-  absl::StatusOr<std::vector<TensorBytes>> a = ReadWith(*file, std::nullopt, true, 1);
-  absl::StatusOr<std::vector<TensorBytes>> b = ReadWith(*file, std::nullopt, false, 7);
+  absl::StatusOr<std::vector<TensorBytes>> a = ReadWith(*file, std::nullopt, HashCheck::kAll, 1);
+  absl::StatusOr<std::vector<TensorBytes>> b = ReadWith(*file, std::nullopt, HashCheck::kNone, 7);
   ASSERT_TRUE(a.ok()) << a.status();
   ASSERT_TRUE(b.ok()) << b.status();
   for (size_t i = 0; i < a->size(); ++i) EXPECT_EQ(Text((*a)[i]), Text((*b)[i]));
@@ -310,11 +311,11 @@ class TensorizerEncryptedTest : public ::testing::Test {
   static constexpr char kPassFile[] = "llama_tiny_hf_fp16_encrypted_passphrase.tensors";
   static constexpr char kRawFile[] = "edge_cases_encrypted_rawkey.tensors";
   absl::StatusOr<std::vector<TensorBytes>> Read(const char* name, std::optional<DecryptionKey> key,
-                                                bool verify = true) {
+                                                HashCheck check = HashCheck::kAll) {
     absl::StatusOr<TensorizerFile> file = TensorizerFile::Open(kDir / name);
     if (!file.ok()) return file.status();
     file_.emplace(*std::move(file));
-    return ReadWith(*file_, std::move(key), verify);
+    return ReadWith(*file_, std::move(key), check);
   }
   std::optional<TensorizerFile> file_;
 };
@@ -370,7 +371,7 @@ TEST_F(TensorizerEncryptedTest, WrongRawKeyIsPermissionDenied) {
   EXPECT_CONTAINS(bytes.status().message(), "key is wrong");
   EXPECT_CONTAINS(bytes.status().message(), "tensor \"");
   // Hash checking off does not let a wrong key through: the MACs still fail.
-  bytes = Read(kPassFile, DecryptionKey::FromRawKey(std::string(32, 'k')), /*verify=*/false);
+  bytes = Read(kPassFile, DecryptionKey::FromRawKey(std::string(32, 'k')), HashCheck::kNone);
   ASSERT_FALSE(bytes.ok());
   EXPECT_EQ(bytes.status().code(), absl::StatusCode::kPermissionDenied);
 }

@@ -95,7 +95,7 @@ TEST_P(TensorizerFixtureTest, GivesExpectedLogits) {
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ(PostLoadRunCount(), runs_before + 1);
   EXPECT_EQ((*model)->provenance().format, "tensorizer");
-  EXPECT_TRUE((*model)->provenance().hashes_verified);
+  EXPECT_EQ((*model)->provenance().hash_check, "all");
   EXPECT_LE(MaxAbsDiff(FixtureLogits(**model), ExpectedLogits(GetParam().expected)), 1e-4);
   EXPECT_TRUE((*model)->report().unplaced.empty()) << (*model)->report().Summary();
 }
@@ -214,6 +214,39 @@ TEST(TensorizerLoadTest, TruncatedFileFailsBeforePostLoad) {
     EXPECT_FALSE(model.ok()) << "cut at " << cut;
   }
   EXPECT_EQ(PostLoadRunCount(), runs_before);
+}
+
+TEST(TensorizerLoadTest, HashCheckModeReachesTheReaderAndTheReport) {
+  ScratchDir dir;
+  std::string bytes = ReadBytes(kTensorizer / "llama_tiny_hf_fp32.tensors");
+  absl::StatusOr<tensorizer::TensorizerFile> file =
+      tensorizer::TensorizerFile::Open(kTensorizer / "llama_tiny_hf_fp32.tensors");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const tensorizer::TensorInfo* up = file->Find("model.layers.0.mlp.up_proj.weight");
+  ASSERT_NE(up, nullptr);
+  bytes[up->data_offset + up->data_length - 1] ^= 0x01;
+  testing_util::WriteBytes(dir / "flipped.tensors", bytes);
+  const uint64_t runs_before = PostLoadRunCount();
+  for (tensorizer::HashCheck check : {tensorizer::HashCheck::kAll, tensorizer::HashCheck::kCrc32}) {
+    LoadOptions options = FixtureOptions();
+    options.tensorizer.hash_check = check;
+    absl::StatusOr<std::unique_ptr<PreparedModel>> model = Load(dir / "flipped.tensors", options);
+    ASSERT_FALSE(model.ok());
+    EXPECT_EQ(model.status().code(), absl::StatusCode::kDataLoss) << model.status();
+    EXPECT_CONTAINS(model.status().message(),
+                    "tensor \"model.layers.0.mlp.up_proj.weight\": CRC32 mismatch");
+  }
+  EXPECT_EQ(PostLoadRunCount(), runs_before);  // refused before PostLoad
+  LoadOptions options = FixtureOptions();
+  options.tensorizer.hash_check = tensorizer::HashCheck::kNone;
+  absl::StatusOr<std::unique_ptr<PreparedModel>> unchecked = Load(dir / "flipped.tensors", options);
+  ASSERT_TRUE(unchecked.ok()) << unchecked.status();
+  EXPECT_EQ((*unchecked)->provenance().hash_check, "none");
+  options.tensorizer.hash_check = tensorizer::HashCheck::kCrc32;
+  absl::StatusOr<std::unique_ptr<PreparedModel>> crc32 =
+      Load(kTensorizer / "llama_tiny_hf_fp32.tensors", options);
+  ASSERT_TRUE(crc32.ok()) << crc32.status();
+  EXPECT_EQ((*crc32)->provenance().hash_check, "crc32");
 }
 
 // ---- The same weights through every loader --------------------------------------------------
@@ -400,7 +433,7 @@ TEST(NativeTensorizedTest, NewerNativeVersionIsRefused) {
   bytes[marker->data_offset] = 2;
   testing_util::WriteBytes(dir / "v2.tensors", bytes);
   LoadOptions options;
-  options.tensorizer.verify_hashes = false;
+  options.tensorizer.hash_check = tensorizer::HashCheck::kNone;
   absl::StatusOr<std::unique_ptr<PreparedModel>> model = Load(dir / "v2.tensors", options);
   ASSERT_FALSE(model.ok());
   EXPECT_CONTAINS(model.status().message(), "format version 2");

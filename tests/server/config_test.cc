@@ -6,6 +6,7 @@
 #include "engine/draft_source.h"
 #include "gtest/gtest.h"
 #include "server/grpc_status.h"
+#include "server/model_spec.h"
 #include "tests/loaders/test_util.h"
 
 namespace kiln {
@@ -127,7 +128,7 @@ TEST(ConfigTest, TensorizerOptionsOfAModel) {
     models {
       name: "other"
       path: "other.tensors"
-      tensorizer { encryption_passphrase_file: "/run/secrets/other" }
+      tensorizer { encryption_passphrase_file: "/run/secrets/other" hash_check: "crc32" }
     }
   )pb");
   ASSERT_TRUE(config.ok()) << config.status();
@@ -140,6 +141,25 @@ TEST(ConfigTest, TensorizerOptionsOfAModel) {
   EXPECT_TRUE(llama.skip_hash_verification);
   EXPECT_EQ(llama.encryption_key_file, "/etc/kiln/keys/llama.key");  // relative to the config
   EXPECT_EQ(options.models[1].tensorizer.encryption_passphrase_file, "/run/secrets/other");
+
+  // What each spelling asks the loader to check; unknown or contradictory ones name the field.
+  EXPECT_EQ(TensorizerHashCheck(llama).value(), tensorizer::HashCheck::kNone);
+  EXPECT_EQ(TensorizerHashCheck(options.models[1].tensorizer).value(),
+            tensorizer::HashCheck::kCrc32);
+  EXPECT_EQ(TensorizerHashCheck(TensorizerSpec{}).value(), tensorizer::HashCheck::kAll);
+  TensorizerSpec spec;
+  spec.hash_check = "sha1";
+  absl::Status status = TensorizerHashCheck(spec).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "tensorizer.hash_check")) << status;
+  EXPECT_TRUE(absl::StrContains(status.message(), "\"sha1\"")) << status;
+  spec.hash_check = "crc32";
+  spec.skip_hash_verification = true;
+  status = TensorizerHashCheck(spec).status();
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(status.message(), "contradicts")) << status;
+  spec.hash_check = "NONE";
+  EXPECT_EQ(TensorizerHashCheck(spec).value(), tensorizer::HashCheck::kNone);
 }
 
 TEST(ConfigTest, RepeatedFlagsAreCollected) {
@@ -179,7 +199,7 @@ TEST(ConfigTest, HttpApiAndChatTemplates) {
   absl::StatusOr<v1::ServerConfig> config = ParseServerConfig(R"pb(
     http_listen: "0.0.0.0:8000"
     api_key_file: "secrets/api_key"
-    models { name: "a" path: "a" chat_template_file: "templates/chatml.jinja" }
+    models { name: "a" path: "a" chat_template_file: "templates/chatml.jinja" quantize: "int8" }
     models { name: "b" path: "b" }
   )pb");
   ASSERT_TRUE(config.ok()) << config.status();
@@ -190,6 +210,8 @@ TEST(ConfigTest, HttpApiAndChatTemplates) {
   ASSERT_EQ(options.models.size(), 2u);
   EXPECT_EQ(options.models[0].chat_template_file, "/etc/kiln/templates/chatml.jinja");
   EXPECT_EQ(options.models[1].chat_template_file, "");
+  EXPECT_EQ(options.models[0].quantize, "int8");
+  EXPECT_EQ(options.models[1].quantize, "");
 
   // --chat-template NAME=FILE for one model, FILE for every one.
   ASSERT_TRUE(ApplyChatTemplateFlag("b=/t/b.jinja", &options.models).ok());
@@ -202,6 +224,20 @@ TEST(ConfigTest, HttpApiAndChatTemplates) {
   const absl::Status status = ApplyChatTemplateFlag("x.jinja", &none);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_TRUE(absl::StrContains(status.message(), "no startup model")) << status;
+
+  // --quantize MODE or NAME=MODE, checked.
+  ASSERT_TRUE(ApplyQuantizeFlag("b=int4", &options.models).ok());
+  EXPECT_EQ(options.models[1].quantize, "int4");
+  EXPECT_EQ(options.models[0].quantize, "int8");
+  ASSERT_TRUE(ApplyQuantizeFlag("none", &options.models).ok());
+  EXPECT_EQ(options.models[0].quantize, "none");
+  ASSERT_TRUE(ApplyQuantizeFlag("int8", &options.models).ok());
+  EXPECT_EQ(options.models[0].quantize, "int8");
+  EXPECT_EQ(options.models[1].quantize, "int8");
+  const absl::Status bad = ApplyQuantizeFlag("b=q4_0", &options.models);
+  EXPECT_EQ(bad.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(absl::StrContains(bad.message(), "--quantize")) << bad;
+  EXPECT_TRUE(absl::StrContains(bad.message(), "q4_0")) << bad;
 }
 
 TEST(GrpcStatusTest, OneMappingForEveryCode) {

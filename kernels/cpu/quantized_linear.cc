@@ -1,0 +1,517 @@
+#include "kernels/cpu/quantized_linear.h"
+
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <new>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "kernels/cpu/host_memory.h"
+#include "kernels/dtype.h"
+
+// GCC 12 reports the _mm512_undefined_ps() pass-through operand inside its own intrinsics
+// (vcvtdq2ps, vcvtph2ps, vmaxps) as maybe-uninitialized once they inline into a target("...")
+// function; the operand is unused by the unmasked forms.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+
+namespace kiln::cpu {
+namespace {
+
+#define KILN_VNNI_TARGET \
+  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c")))
+
+// int8 panels: 64 columns; for each quad of K values, 4 vectors × 16 columns × 4 bytes (the
+// operand layout of vpdpbusd), each byte q + 128 (unsigned).
+constexpr int64_t kInt8PanelColumns = 64;
+constexpr int64_t kQuadBytesInt8 = kInt8PanelColumns * 4;
+// int4 panels: 32 columns; per group of 32 K values, 2 vectors × 4 loads of 64 bytes (the low
+// nibbles hold one quad of K, the high nibbles the next), each nibble q + 8, then the group's 32
+// fp16 scales. A panel is one contiguous stream.
+constexpr int64_t kInt4PanelColumns = 32;
+constexpr int64_t kInt4GroupWeightBytes = 2 * 4 * 64;
+constexpr int64_t kInt4GroupBytes = kInt4GroupWeightBytes + kInt4PanelColumns * 2;
+static_assert(kInt4GroupSize == 32, "the int4 layout holds 8 quads of K per group");
+// K is padded to whole groups with zero weights (and zero activations).
+constexpr int64_t kKAlign = 32;
+// Exact int32 sums: |Σ (q + 128)·x| ≤ K·255·127 < 2³¹.
+constexpr int64_t kMaxK = 65536;
+// Rows per pass over a panel: the int accumulators of 4 rows fill half the register file.
+constexpr int kMaxRowsPerPass = 4;
+// A thread gets at least this many weight bytes to read (counted once per pass of rows): below
+// it the fork/join costs more than the second core saves (as for the small-M kernel).
+constexpr int64_t kMinBytesPerThread = int64_t{512} << 10;
+// How far ahead of the loads a panel is prefetched.
+constexpr int64_t kPrefetchBytes = 1024;
+
+inline void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
+
+int64_t PanelColumns(Quantization kind) {
+  return kind == Quantization::kInt8 ? kInt8PanelColumns : kInt4PanelColumns;
+}
+
+// The packed weights as the kernels read them.
+struct PackedView {
+  Quantization kind = Quantization::kInt8;
+  int64_t k = 0;
+  int64_t k_padded = 0;
+  int64_t n = 0;
+  int64_t panels = 0;
+  int64_t panel_bytes = 0;
+  const uint8_t* data = nullptr;
+  const float* scales = nullptr;  // int8: one per column, panels × 64 values (padding 0)
+  const float* bias = nullptr;    // n values, or null
+};
+
+// Activations quantized for one call: int8 values [m][k_padded]; per row (int8 weights) or per
+// row and group (int4) a scale and the offset the unsigned weights add to the int32 sums
+// (128·Σq or 8·Σq over the row or group).
+struct QuantizedActivations {
+  std::vector<int8_t> values;
+  std::vector<float> scales;
+  std::vector<int32_t> offsets;
+};
+thread_local QuantizedActivations tls_activations;
+
+// Quantizes `count` values (a multiple of 16, zero-padded past `valid`) symmetrically to int8:
+// returns the scale; `sum` gets Σq. A NaN or Inf makes the scale NaN, so the outputs are NaN.
+KILN_VNNI_TARGET float QuantizeSpan(const float* x, int64_t valid, int64_t count, int8_t* out,
+                                    int32_t* sum) {
+  __m512 amax = _mm512_setzero_ps();
+  __m512 non_finite = _mm512_setzero_ps();  // NaN in a lane once a NaN or Inf was seen (v · 0)
+  for (int64_t i = 0; i < count; i += 16) {
+    const int64_t left = std::clamp<int64_t>(valid - i, 0, 16);
+    const __mmask16 mask = static_cast<__mmask16>((uint32_t{1} << left) - 1);
+    const __m512 v = _mm512_maskz_loadu_ps(mask, x + i);
+    amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
+    non_finite = _mm512_add_ps(non_finite, _mm512_mul_ps(v, _mm512_setzero_ps()));
+  }
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, amax);
+  const float max_abs = *std::max_element(lanes, lanes + 16);
+  if (_mm512_cmp_ps_mask(non_finite, non_finite, _CMP_UNORD_Q) != 0) {
+    std::memset(out, 0, static_cast<size_t>(count));
+    *sum = 0;
+    return std::numeric_limits<float>::quiet_NaN();
+  }
+  if (max_abs == 0.0f) {
+    std::memset(out, 0, static_cast<size_t>(count));
+    *sum = 0;
+    return 0.0f;
+  }
+  const __m512 inverse = _mm512_set1_ps(127.0f / max_abs);
+  __m512i total = _mm512_setzero_si512();
+  for (int64_t i = 0; i < count; i += 16) {
+    const int64_t left = std::clamp<int64_t>(valid - i, 0, 16);
+    const __mmask16 mask = static_cast<__mmask16>((uint32_t{1} << left) - 1);
+    const __m512i q =
+        _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), inverse));
+    total = _mm512_add_epi32(total, q);
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtsepi32_epi8(q));
+  }
+  alignas(64) int32_t sums[16];
+  _mm512_store_si512(sums, total);
+  *sum = 0;
+  for (int32_t lane : sums) *sum += lane;
+  return max_abs / 127.0f;
+}
+
+void QuantizeActivations(const PackedView& w, const float* x, int64_t m, QuantizedActivations& a) {
+  const int64_t groups_per_row = w.kind == Quantization::kInt8 ? 1 : w.k_padded / kInt4GroupSize;
+  const int64_t span = w.k_padded / groups_per_row;
+  a.values.resize(static_cast<size_t>(m * w.k_padded));
+  a.scales.resize(static_cast<size_t>(m * groups_per_row));
+  a.offsets.resize(static_cast<size_t>(m * groups_per_row));
+  const int32_t weight_offset = w.kind == Quantization::kInt8 ? 128 : 8;
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t g = 0; g < groups_per_row; ++g) {
+      const int64_t first = g * span;
+      int32_t sum = 0;
+      const size_t at = static_cast<size_t>(r * groups_per_row + g);
+      a.scales[at] = QuantizeSpan(x + r * w.k + first, std::clamp<int64_t>(w.k - first, 0, span),
+                                  span, a.values.data() + r * w.k_padded + first, &sum);
+      a.offsets[at] = weight_offset * sum;
+    }
+  }
+}
+
+// Masked store of one vector of 16 columns starting at `col`, with the bias.
+KILN_VNNI_TARGET inline void StoreColumns(__m512 value, const float* bias, int64_t col, int64_t n,
+                                          float* y_row) {
+  const int64_t valid = std::clamp<int64_t>(n - col, 0, 16);
+  if (valid == 0) return;
+  const __mmask16 mask = static_cast<__mmask16>((uint32_t{1} << valid) - 1);
+  if (bias != nullptr) value = _mm512_add_ps(value, _mm512_maskz_loadu_ps(mask, bias + col));
+  _mm512_mask_storeu_ps(y_row + col, mask, value);
+}
+
+// ---- int8: R rows × the whole 64-column panel ---------------------------------------------------
+
+template <int R>
+KILN_VNNI_TARGET void Int8Panel(const PackedView& w, const QuantizedActivations& a, int64_t row0,
+                                int64_t p, float* y) {
+  const uint8_t* panel = w.data + p * w.panel_bytes;
+  const int8_t* x = a.values.data() + row0 * w.k_padded;
+  __m512i acc[R][4];
+  for (int r = 0; r < R; ++r) {
+    for (int b = 0; b < 4; ++b) acc[r][b] = _mm512_setzero_si512();
+  }
+  const int64_t quads = w.k_padded / 4;
+  for (int64_t j = 0; j < quads; ++j) {
+    const uint8_t* q = panel + j * kQuadBytesInt8;
+    for (int line = 0; line < 4; ++line) Prefetch(q + kPrefetchBytes + 64 * line);
+    __m512i weights[4];
+    for (int b = 0; b < 4; ++b) weights[b] = _mm512_load_si512(q + 64 * b);
+    for (int r = 0; r < R; ++r) {
+      int32_t quad;
+      std::memcpy(&quad, x + r * w.k_padded + 4 * j, sizeof(quad));
+      const __m512i xr = _mm512_set1_epi32(quad);
+      for (int b = 0; b < 4; ++b) acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], weights[b], xr);
+    }
+  }
+  for (int b = 0; b < 4; ++b) {
+    const int64_t col = p * kInt8PanelColumns + 16 * b;
+    const __m512 column_scales = _mm512_load_ps(w.scales + col);
+    for (int r = 0; r < R; ++r) {
+      const size_t at = static_cast<size_t>(row0 + r);
+      const __m512 sums =
+          _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][b], _mm512_set1_epi32(a.offsets[at])));
+      const __m512 scale = _mm512_mul_ps(column_scales, _mm512_set1_ps(a.scales[at]));
+      StoreColumns(_mm512_mul_ps(sums, scale), w.bias, col, w.n, y + (row0 + r) * w.n);
+    }
+  }
+}
+
+// ---- int4: R rows × the whole 32-column panel, scaled group by group ----------------------------
+
+template <int R>
+KILN_VNNI_TARGET void Int4Panel(const PackedView& w, const QuantizedActivations& a, int64_t row0,
+                                int64_t p, float* y) {
+  const uint8_t* panel = w.data + p * w.panel_bytes;
+  const int64_t groups = w.k_padded / kInt4GroupSize;
+  const int8_t* x = a.values.data() + row0 * w.k_padded;
+  const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
+  __m512 total[R][2];
+  for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm512_setzero_ps();
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* block = panel + g * kInt4GroupBytes;
+    for (int line = 0; line < 9; ++line) Prefetch(block + kPrefetchBytes + 64 * line);
+    __m512i acc[R][2];
+    for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+    for (int i = 0; i < 4; ++i) {
+      __m512i lo[2], hi[2];
+      for (int b = 0; b < 2; ++b) {
+        const __m512i raw = _mm512_load_si512(block + (b * 4 + i) * 64);
+        lo[b] = _mm512_and_si512(raw, low_nibbles);
+        hi[b] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_nibbles);
+      }
+      for (int r = 0; r < R; ++r) {
+        int32_t quads[2];
+        std::memcpy(quads, x + r * w.k_padded + g * kInt4GroupSize + 8 * i, sizeof(quads));
+        const __m512i x_lo = _mm512_set1_epi32(quads[0]);
+        const __m512i x_hi = _mm512_set1_epi32(quads[1]);
+        for (int b = 0; b < 2; ++b) {
+          acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], lo[b], x_lo);
+          acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], hi[b], x_hi);
+        }
+      }
+    }
+    const auto* scale_bits = reinterpret_cast<const __m256i*>(block + kInt4GroupWeightBytes);
+    const __m512 column_scales[2] = {_mm512_cvtph_ps(_mm256_load_si256(scale_bits)),
+                                     _mm512_cvtph_ps(_mm256_load_si256(scale_bits + 1))};
+    for (int r = 0; r < R; ++r) {
+      const size_t at = static_cast<size_t>((row0 + r) * groups + g);
+      const __m512i offset = _mm512_set1_epi32(a.offsets[at]);
+      const __m512 row_scale = _mm512_set1_ps(a.scales[at]);
+      for (int b = 0; b < 2; ++b) {
+        const __m512 sums = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][b], offset));
+        total[r][b] =
+            _mm512_fmadd_ps(sums, _mm512_mul_ps(column_scales[b], row_scale), total[r][b]);
+      }
+    }
+  }
+  for (int b = 0; b < 2; ++b) {
+    const int64_t col = p * kInt4PanelColumns + 16 * b;
+    for (int r = 0; r < R; ++r) StoreColumns(total[r][b], w.bias, col, w.n, y + (row0 + r) * w.n);
+  }
+}
+
+// Runs panels [p_begin, p_end) for every row, up to 4 rows per pass over a panel.
+void RunPanels(const PackedView& w, const QuantizedActivations& a, int64_t m, int64_t p_begin,
+               int64_t p_end, float* y) {
+  const bool int8 = w.kind == Quantization::kInt8;
+  for (int64_t p = p_begin; p < p_end; ++p) {
+    for (int64_t row0 = 0; row0 < m; row0 += kMaxRowsPerPass) {
+      switch (std::min<int64_t>(m - row0, kMaxRowsPerPass)) {
+        case 1:
+          int8 ? Int8Panel<1>(w, a, row0, p, y) : Int4Panel<1>(w, a, row0, p, y);
+          break;
+        case 2:
+          int8 ? Int8Panel<2>(w, a, row0, p, y) : Int4Panel<2>(w, a, row0, p, y);
+          break;
+        case 3:
+          int8 ? Int8Panel<3>(w, a, row0, p, y) : Int4Panel<3>(w, a, row0, p, y);
+          break;
+        default:
+          int8 ? Int8Panel<4>(w, a, row0, p, y) : Int4Panel<4>(w, a, row0, p, y);
+          break;
+      }
+    }
+  }
+}
+
+// ---- Packing --------------------------------------------------------------------------------
+
+// Output row `n` of the stacked row blocks, as fp32 (K values) in `out`.
+void ReadRow(const LinearPackSpec& spec, int64_t n, float* out) {
+  for (const WeightView& block : spec.row_blocks) {
+    if (n < block.rows) {
+      const size_t row_bytes = static_cast<size_t>(block.cols) * DTypeSize(block.dtype);
+      ConvertToF32(block.dtype, block.data + static_cast<size_t>(n) * row_bytes, block.cols, out);
+      return;
+    }
+    n -= block.rows;
+  }
+}
+
+KILN_VNNI_TARGET uint16_t ToF16(float value) { return _cvtss_sh(value, _MM_FROUND_TO_NEAREST_INT); }
+
+// One int8 panel: per column the scale max|w| / 127 and q = round(w / scale), stored q + 128.
+void PackInt8Panel(const LinearPackSpec& spec, int64_t k, int64_t k_padded, int64_t n, int64_t p,
+                   uint8_t* panel, float* scales, std::vector<float>& row) {
+  std::memset(panel, 128, static_cast<size_t>(k_padded * kInt8PanelColumns));
+  for (int64_t c = 0; c < kInt8PanelColumns; ++c) {
+    const int64_t column = p * kInt8PanelColumns + c;
+    scales[c] = 0.0f;
+    if (column >= n) continue;
+    ReadRow(spec, column, row.data());
+    float max_abs = 0.0f;
+    bool finite = true;
+    for (int64_t i = 0; i < k; ++i) {
+      max_abs = std::max(max_abs, std::fabs(row[i]));
+      finite = finite && std::isfinite(row[i]);
+    }
+    if (!finite) max_abs = std::numeric_limits<float>::quiet_NaN();  // the outputs become NaN
+    scales[c] = max_abs / 127.0f;
+    if (!(max_abs > 0.0f)) continue;  // zero or NaN: q stays 0
+    const float inverse = 127.0f / max_abs;
+    const int64_t b = c / 16, lane = c % 16;
+    for (int64_t i = 0; i < k; ++i) {
+      const float q = std::clamp(std::nearbyint(row[i] * inverse), -127.0f, 127.0f);
+      panel[(i / 4) * kQuadBytesInt8 + b * 64 + lane * 4 + i % 4] =
+          static_cast<uint8_t>(static_cast<int>(q) + 128);
+    }
+  }
+}
+
+// One int4 panel: per column and group of 32 the scale d = w_max / -8 (w_max the value of largest
+// magnitude, as q4_0 does, so all 16 levels are used), rounded to fp16 before q = round(w / d) is
+// taken against it, q in [-8, 7], stored q + 8.
+void PackInt4Panel(const LinearPackSpec& spec, int64_t k, int64_t k_padded, int64_t n, int64_t p,
+                   uint8_t* panel, std::vector<float>& row) {
+  const int64_t groups = k_padded / kInt4GroupSize;
+  for (int64_t g = 0; g < groups; ++g) {
+    uint8_t* block = panel + g * kInt4GroupBytes;
+    std::memset(block, 0x88, kInt4GroupWeightBytes);  // q = 0 in both nibbles
+    std::memset(block + kInt4GroupWeightBytes, 0, kInt4GroupBytes - kInt4GroupWeightBytes);
+  }
+  for (int64_t c = 0; c < kInt4PanelColumns; ++c) {
+    const int64_t column = p * kInt4PanelColumns + c;
+    if (column >= n) continue;
+    ReadRow(spec, column, row.data());
+    const int64_t b = c / 16, lane = c % 16;
+    for (int64_t g = 0; g < groups; ++g) {
+      uint8_t* block = panel + g * kInt4GroupBytes;
+      const int64_t first = g * kInt4GroupSize;
+      const int64_t last = std::min(k, first + kInt4GroupSize);
+      float extreme = 0.0f;
+      for (int64_t i = first; i < last; ++i) {
+        if (std::fabs(row[i]) > std::fabs(extreme) || std::isnan(row[i])) extreme = row[i];
+      }
+      const uint16_t scale_bits = ToF16(extreme / -8.0f);
+      std::memcpy(block + kInt4GroupWeightBytes + 2 * c, &scale_bits, sizeof(scale_bits));
+      const float scale = F16ToF32(scale_bits);
+      if (!(scale != 0.0f) || !std::isfinite(scale)) continue;
+      const float inverse = 1.0f / scale;
+      for (int64_t i = first; i < last; ++i) {
+        const int q = static_cast<int>(std::clamp(std::nearbyint(row[i] * inverse), -8.0f, 7.0f));
+        const int64_t within = i - first;  // 8 quads: load within / 8, nibble (within / 4) % 2
+        uint8_t& byte = block[(b * 4 + within / 8) * 64 + lane * 4 + within % 4];
+        const int shift = (within / 4) % 2 == 0 ? 0 : 4;
+        byte = static_cast<uint8_t>((byte & ~(0x0f << shift)) | ((q + 8) << shift));
+      }
+    }
+  }
+}
+
+class QuantizedLinear final : public PackedLinear {
+ public:
+  QuantizedLinear(const LinearPackSpec& spec, int64_t k, int64_t n)
+      : name_(spec.name), compute_dtype_(spec.compute_dtype) {
+    view_.kind = spec.quantization;
+    view_.k = k;
+    view_.n = n;
+    view_.k_padded = (k + kKAlign - 1) / kKAlign * kKAlign;
+    const int64_t columns = PanelColumns(view_.kind);
+    view_.panels = (n + columns - 1) / columns;
+    view_.panel_bytes = view_.kind == Quantization::kInt8
+                            ? view_.k_padded * kInt8PanelColumns
+                            : view_.k_padded / kInt4GroupSize * kInt4GroupBytes;
+  }
+
+  // Throws std::bad_alloc.
+  void Pack(const LinearPackSpec& spec, int threads) {
+    const size_t data_bytes = static_cast<size_t>(view_.panels * view_.panel_bytes);
+    data_.reset(Allocate(data_bytes));
+    packed_bytes_ = data_bytes;
+    if (view_.kind == Quantization::kInt8) {
+      const size_t scale_bytes = static_cast<size_t>(view_.panels * kInt8PanelColumns) * 4;
+      scales_.reset(Allocate(scale_bytes));
+      packed_bytes_ += scale_bytes;
+    }
+    if (!spec.bias.empty()) {
+      bias_.reset(Allocate(spec.bias.size() * sizeof(float)));
+      std::memcpy(bias_.get(), spec.bias.data(), spec.bias.size() * sizeof(float));
+      packed_bytes_ += spec.bias.size() * sizeof(float);
+    }
+    auto* data = reinterpret_cast<uint8_t*>(data_.get());
+    auto* scales = reinterpret_cast<float*>(scales_.get());
+#pragma omp parallel num_threads(std::max(threads, 1))
+    {
+      std::vector<float> row(static_cast<size_t>(view_.k));
+#pragma omp for schedule(dynamic, 4)
+      for (int64_t p = 0; p < view_.panels; ++p) {
+        uint8_t* panel = data + p * view_.panel_bytes;
+        if (view_.kind == Quantization::kInt8) {
+          PackInt8Panel(spec, view_.k, view_.k_padded, view_.n, p, panel,
+                        scales + p * kInt8PanelColumns, row);
+        } else {
+          PackInt4Panel(spec, view_.k, view_.k_padded, view_.n, p, panel, row);
+        }
+      }
+    }
+    view_.data = data;
+    view_.scales = scales;
+    view_.bias = reinterpret_cast<const float*>(bias_.get());
+  }
+
+  const std::string& name() const override { return name_; }
+  int64_t in_features() const override { return view_.k; }
+  int64_t out_features() const override { return view_.n; }
+  DType compute_dtype() const override { return compute_dtype_; }
+  Quantization quantization() const override { return view_.kind; }
+  size_t packed_bytes() const override { return packed_bytes_; }
+  std::string kernel_name() const override {
+    return view_.kind == Quantization::kInt8 ? "vnni int8 (per channel)" : "vnni int4 (group 32)";
+  }
+
+  void Forward(const float* x, int64_t m, float* y, int threads) const {
+    QuantizedActivations& a = tls_activations;
+    QuantizeActivations(view_, x, m, a);
+    // Each pass of up to 4 rows reads the weight once (from cache after the first): prefill is
+    // worth the fork even for a small weight.
+    const int64_t passes = (m + kMaxRowsPerPass - 1) / kMaxRowsPerPass;
+    const int64_t useful_threads =
+        std::clamp<int64_t>(view_.panels * view_.panel_bytes * passes / kMinBytesPerThread, 1,
+                            std::min<int64_t>(threads, view_.panels));
+    if (useful_threads <= 1) {
+      RunPanels(view_, a, m, 0, view_.panels, y);
+      return;
+    }
+#pragma omp parallel num_threads(static_cast <int>(useful_threads))
+    {
+      const int64_t t = omp_get_thread_num();
+      const int64_t nt = omp_get_num_threads();
+      RunPanels(view_, a, m, view_.panels * t / nt, view_.panels * (t + 1) / nt, y);
+    }
+  }
+
+ private:
+  static std::byte* Allocate(size_t bytes) {
+    void* p = AllocateHost(std::max<size_t>(bytes, 64));
+    if (p == nullptr) throw std::bad_alloc();
+    return static_cast<std::byte*>(p);
+  }
+
+  const std::string name_;
+  const DType compute_dtype_;
+  PackedView view_;
+  HostBytes data_;
+  HostBytes scales_;
+  HostBytes bias_;
+  size_t packed_bytes_ = 0;
+};
+
+}  // namespace
+
+bool QuantizedKernelSupported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c");
+}
+
+std::string QuantizedPackRefusal(const LinearPackSpec& spec) {
+  if (spec.quantization == Quantization::kNone) return "no quantization asked for";
+  if (!QuantizedKernelSupported()) return "this CPU has no AVX-512 VNNI";
+  if (!spec.row_blocks.empty() && spec.row_blocks.front().cols > kMaxK) {
+    return absl::StrCat("K = ", spec.row_blocks.front().cols, " is above ", kMaxK,
+                        ", where int32 sums could overflow");
+  }
+  return "";
+}
+
+absl::StatusOr<std::unique_ptr<PackedLinear>> PackQuantizedLinear(const LinearPackSpec& spec,
+                                                                  int threads) {
+  auto invalid = [&](auto&&... parts) {
+    return absl::InvalidArgumentError(absl::StrCat("PackLinear(", spec.name, "): ", parts...));
+  };
+  if (const std::string refusal = QuantizedPackRefusal(spec); !refusal.empty()) {
+    return invalid("cannot quantize to ", QuantizationName(spec.quantization), ": ", refusal);
+  }
+  if (spec.row_blocks.empty()) return invalid("no row blocks");
+  const int64_t k = spec.row_blocks.front().cols;
+  int64_t n = 0;
+  for (size_t i = 0; i < spec.row_blocks.size(); ++i) {
+    const WeightView& block = spec.row_blocks[i];
+    if (block.cols != k || block.rows <= 0 || block.cols <= 0 || block.data == nullptr) {
+      return invalid("row block ", i, " is [", block.rows, ", ", block.cols,
+                     "]; every block needs rows, data and ", k, " cols");
+    }
+    n += block.rows;
+  }
+  if (!spec.bias.empty() && static_cast<int64_t>(spec.bias.size()) != n) {
+    return invalid("bias has ", spec.bias.size(), " values for ", n, " output rows");
+  }
+  auto linear = std::make_unique<QuantizedLinear>(spec, k, n);
+  try {
+    linear->Pack(spec, threads);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("PackLinear(", spec.name, "): out of memory"));
+  }
+  return std::unique_ptr<PackedLinear>(std::move(linear));
+}
+
+bool IsQuantizedLinear(const PackedLinear& linear) {
+  return dynamic_cast<const QuantizedLinear*>(&linear) != nullptr;
+}
+
+absl::Status RunQuantizedLinear(const PackedLinear& linear, const float* x, int64_t m, float* y,
+                                int threads) {
+  const auto* quantized = dynamic_cast<const QuantizedLinear*>(&linear);
+  if (quantized == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(linear.name(), " is not a quantized linear"));
+  }
+  if (m < 0 || (m > 0 && (x == nullptr || y == nullptr))) {
+    return absl::InvalidArgumentError(absl::StrCat(linear.name(), ": bad input or output"));
+  }
+  if (m > 0) quantized->Forward(x, m, y, threads);
+  return absl::OkStatus();
+}
+
+}  // namespace kiln::cpu

@@ -1,0 +1,38 @@
+// Linears with quantized weights (kernels/quantization.h) on the CPU. The weights live in 64-column
+// panels that each thread streams once per call for all rows, as the small-M kernel does, and are
+// multiplied with VNNI (`vpdpbusd`) against the activations quantized to int8: per row for int8
+// weights, per group of 32 values for int4 (as each weight group has its own scale). Products are
+// summed exactly in int32 and scaled once per row (int8) or per group (int4), so a row's result
+// does not depend on the rows beside it or on the thread count. The same kernel runs every M:
+// panels outside, groups of up to 4 rows inside, so prefill reads each panel from cache.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "kernels/backend.h"
+
+namespace kiln::cpu {
+
+// Whether this CPU runs the quantized kernels (AVX-512 F/BW with VNNI, and F16C for int4 scales).
+bool QuantizedKernelSupported();
+
+// Why `spec` cannot be quantized on this CPU (an empty string when it can): no VNNI, or a K too
+// large for exact int32 sums.
+std::string QuantizedPackRefusal(const LinearPackSpec& spec);
+
+// Quantizes and packs spec.row_blocks (any stored dtype) as spec.quantization says, on up to
+// `threads` OpenMP threads. The caller checks QuantizedPackRefusal first.
+absl::StatusOr<std::unique_ptr<PackedLinear>> PackQuantizedLinear(const LinearPackSpec& spec,
+                                                                  int threads);
+
+// Whether PackQuantizedLinear made `linear`.
+bool IsQuantizedLinear(const PackedLinear& linear);
+// y[m, n] = x[m, k]·Wᵀ (+ bias) for a linear PackQuantizedLinear made, on up to `threads` OpenMP
+// threads; x and y contiguous fp32. InvalidArgument for any other linear.
+absl::Status RunQuantizedLinear(const PackedLinear& linear, const float* x, int64_t m, float* y,
+                                int threads);
+
+}  // namespace kiln::cpu
