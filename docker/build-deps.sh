@@ -5,8 +5,9 @@
 set -eu
 setup=${1:?usage: build-deps.sh path/to/scripts/setup.sh}
 
-# Test-only: GoogleTest, libtorch (reference forward), promtool, the Python e2e client.
-exclude=" libgtest-dev googletest libtorch-dev prometheus python3-grpcio python3-protobuf git "
+# Test-only: GoogleTest, libtorch (reference forward), promtool, the Python e2e client, numpy
+# (the GGUF converter and its test).
+exclude=" libgtest-dev googletest libtorch-dev prometheus python3-grpcio python3-protobuf python3-numpy git "
 
 # The words of setup.sh's `packages=( ... )` array, comments dropped.
 all=$(sed -n '/^packages=(/,/^)/p' "$setup" | sed -e 's/#.*//' -e 's/^packages=(//' -e 's/)$//' |
