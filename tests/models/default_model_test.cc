@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "base/status_macros.h"
 #include "eval/perplexity.h"
 #include "gtest/gtest.h"
 #include "kernels/cpu/quantized_linear.h"
@@ -95,6 +96,18 @@ TEST(DefaultModelTest, TokenizerEncodesTheHeldOutTextAsTheTrainingScriptDid) {
   EXPECT_EQ(*ids, reference.ids);
 }
 
+// kiln's perplexity of `model` on the reference windows of the held-out text.
+absl::StatusOr<PerplexityResult> ReferenceWindowsPerplexity(const PreparedModel& model,
+                                                            const Reference& reference) {
+  KILN_ASSIGN_OR_RETURN(std::unique_ptr<Tokenizer> tokenizer, Tokenizer::FromDirectory(kModel));
+  KILN_ASSIGN_OR_RETURN(std::vector<int32_t> ids,
+                        EncodeDocuments(*tokenizer, ReadText(kReference / "heldout.txt")));
+  PerplexityOptions options;
+  options.context = reference.context;
+  options.max_windows = reference.windows;
+  return Perplexity(model, ids, options);
+}
+
 class DefaultModelPerplexityTest : public ::testing::TestWithParam<DType> {};
 
 TEST_P(DefaultModelPerplexityTest, EqualsTheTrainingScriptsEvaluation) {
@@ -102,15 +115,7 @@ TEST_P(DefaultModelPerplexityTest, EqualsTheTrainingScriptsEvaluation) {
   absl::StatusOr<std::unique_ptr<PreparedModel>> model = Load(kModel, GetParam());
   ASSERT_TRUE(model.ok()) << model.status();
   ASSERT_EQ((*model)->compute_dtype(), GetParam());
-  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromDirectory(kModel);
-  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-  absl::StatusOr<std::vector<int32_t>> ids =
-      EncodeDocuments(**tokenizer, ReadText(kReference / "heldout.txt"));
-  ASSERT_TRUE(ids.ok()) << ids.status();
-  PerplexityOptions options;
-  options.context = reference.context;
-  options.max_windows = reference.windows;
-  absl::StatusOr<PerplexityResult> result = Perplexity(**model, *ids, options);
+  absl::StatusOr<PerplexityResult> result = ReferenceWindowsPerplexity(**model, reference);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(result->windows, reference.windows);
   EXPECT_EQ(result->scored, reference.windows * reference.context);
@@ -144,15 +149,7 @@ TEST_P(QuantizedDefaultModelTest, PerplexityStaysNearTheUnquantizedModel) {
   ASSERT_TRUE(model.ok()) << model.status();
   EXPECT_EQ((*model)->quantization(), GetParam());
   EXPECT_EQ((*model)->quantized_linears(), (*model)->linear_count()) << "every linear, MTP too";
-  absl::StatusOr<std::unique_ptr<Tokenizer>> tokenizer = Tokenizer::FromDirectory(kModel);
-  ASSERT_TRUE(tokenizer.ok()) << tokenizer.status();
-  absl::StatusOr<std::vector<int32_t>> ids =
-      EncodeDocuments(**tokenizer, ReadText(kReference / "heldout.txt"));
-  ASSERT_TRUE(ids.ok()) << ids.status();
-  PerplexityOptions options;
-  options.context = reference.context;
-  options.max_windows = reference.windows;
-  absl::StatusOr<PerplexityResult> result = Perplexity(**model, *ids, options);
+  absl::StatusOr<PerplexityResult> result = ReferenceWindowsPerplexity(**model, reference);
   ASSERT_TRUE(result.ok()) << result.status();
   const double bound = GetParam() == Quantization::kInt8 ? 0.01 : 0.05;
   EXPECT_LT(result->perplexity / reference.perplexity - 1.0, bound)
