@@ -133,8 +133,10 @@ void QuantizeActivations(const PackedView& w, const float* x, int64_t m, Quantiz
       const int64_t first = g * span;
       int32_t sum = 0;
       const size_t at = static_cast<size_t>(r * groups_per_row + g);
-      a.scales[at] = QuantizeSpan(x + r * w.k + first, std::clamp<int64_t>(w.k - first, 0, span),
-                                  span, a.values.data() + r * w.k_padded + first, &sum);
+      // A group wholly in K's padding reads nothing (its mask is empty): point it at the row.
+      const float* row = x + r * w.k + std::min(first, w.k - 1);
+      a.scales[at] = QuantizeSpan(row, std::clamp<int64_t>(w.k - first, 0, span), span,
+                                  a.values.data() + r * w.k_padded + first, &sum);
       a.offsets[at] = weight_offset * sum;
     }
   }
