@@ -19,6 +19,7 @@
 #include "absl/flags/parse.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
+#include "base/status_macros.h"
 #include "bench/bench_model.h"
 #include "bench/bench_util.h"
 #include "bench/read_bandwidth.h"
@@ -85,6 +86,41 @@ void PrintStepShares(const OpProfile& profile, double seconds, int32_t tokens) {
     for (const auto& [name, sum] : by_projection) line("  " + name, sum.seconds, sum.calls);
   }
   line("outside the ops", seconds - profile.total_seconds(), 0);
+}
+
+struct PrefillAndDecode {
+  double prefill_seconds = 0;
+  double decode_seconds = 0;
+};
+
+// Prefills `prompt` into a fresh cache, then decodes `decode_tokens` greedy tokens at batch 1;
+// with `decode_profile`, every op of the decode steps is timed into it.
+absl::StatusOr<PrefillAndDecode> RunPrefillAndDecode(const PreparedModel& model,
+                                                     const std::vector<int32_t>& prompt,
+                                                     int32_t decode_tokens,
+                                                     OpProfile* decode_profile = nullptr) {
+  KILN_ASSIGN_OR_RETURN(KvCache cache,
+                        model.NewCache(static_cast<int64_t>(prompt.size()) + decode_tokens));
+  PrefillAndDecode run;
+  std::vector<float> logits;
+  SequenceChunk chunk{&cache, prompt, false};
+  auto start = Clock::now();
+  KILN_RETURN_IF_ERROR(model.Forward({&chunk, 1}, &logits));
+  run.prefill_seconds = Seconds(start);
+  int32_t next = bench::Argmax(logits);
+  model.set_op_profile(decode_profile);
+  start = Clock::now();
+  absl::Status status;
+  for (int32_t t = 0; t < decode_tokens && status.ok(); ++t) {
+    logits.clear();
+    chunk.tokens = {&next, 1};
+    status = model.Forward({&chunk, 1}, &logits);
+    next = bench::Argmax(logits);
+  }
+  run.decode_seconds = Seconds(start);
+  model.set_op_profile(nullptr);
+  KILN_RETURN_IF_ERROR(status);
+  return run;
 }
 
 int Main() {
@@ -155,51 +191,20 @@ int Main() {
         (i * 7919 + 13) % static_cast<int32_t>(model->config().vocab_size);
 
   std::vector<double> prefill_rates, decode_rates;
-  std::vector<float> logits;
   for (int r = 0; r < repeats; ++r) {
-    absl::StatusOr<KvCache> cache = model->NewCache(prompt_tokens + decode_tokens);
-    if (!cache.ok()) return 1;
-    logits.clear();
-    SequenceChunk chunk{&*cache, prompt, false};
-    auto start = Clock::now();
-    if (!model->Forward({&chunk, 1}, &logits).ok()) return 1;
-    prefill_rates.push_back(prompt_tokens / Seconds(start));
-
-    int32_t next =
-        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    start = Clock::now();
-    for (int32_t t = 0; t < decode_tokens; ++t) {
-      logits.clear();
-      chunk.tokens = {&next, 1};
-      if (!model->Forward({&chunk, 1}, &logits).ok()) return 1;
-      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    }
-    decode_rates.push_back(decode_tokens / Seconds(start));
+    absl::StatusOr<PrefillAndDecode> run = RunPrefillAndDecode(*model, prompt, decode_tokens);
+    if (!run.ok()) return 1;
+    prefill_rates.push_back(prompt_tokens / run->prefill_seconds);
+    decode_rates.push_back(decode_tokens / run->decode_seconds);
   }
   const double prefill = Median(prefill_rates), decode = Median(decode_rates);
 
-  // One more decode run with every op timed (each waits for the last), for the step's shares.
+  // One more run with every decode op timed (each waits for the last), for the step's shares.
   OpProfile profile;
-  double profiled_seconds = 0;
-  {
-    absl::StatusOr<KvCache> cache = model->NewCache(prompt_tokens + decode_tokens);
-    if (!cache.ok()) return 1;
-    logits.clear();
-    SequenceChunk chunk{&*cache, prompt, false};
-    if (!model->Forward({&chunk, 1}, &logits).ok()) return 1;
-    int32_t next =
-        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    model->set_op_profile(&profile);
-    const auto start = Clock::now();
-    for (int32_t t = 0; t < decode_tokens; ++t) {
-      logits.clear();
-      chunk.tokens = {&next, 1};
-      if (!model->Forward({&chunk, 1}, &logits).ok()) return 1;
-      next = static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-    }
-    profiled_seconds = Seconds(start);
-    model->set_op_profile(nullptr);
-  }
+  absl::StatusOr<PrefillAndDecode> profiled =
+      RunPrefillAndDecode(*model, prompt, decode_tokens, &profile);
+  if (!profiled.ok()) return 1;
+  const double profiled_seconds = profiled->decode_seconds;
   const double streamed = static_cast<double>(model->bytes_streamed_per_token());
   std::printf("prefill (%d tokens)      %8.1f tokens/s\n", prompt_tokens, prefill);
   std::printf("decode (batch 1, %d)     %8.2f tokens/s, %.3f GB streamed per token\n",

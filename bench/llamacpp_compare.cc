@@ -65,6 +65,7 @@ ABSL_FLAG(std::string, backend, "cpu", "kiln compute backend (kernels/backend_re
 namespace kiln {
 namespace {
 
+using bench::Argmax;
 using bench::Clock;
 using bench::Median;
 using bench::Seconds;
@@ -98,10 +99,6 @@ std::vector<int32_t> SpreadTokens(int32_t count, int64_t vocab_size) {
     tokens[static_cast<size_t>(i)] = static_cast<int32_t>((int64_t{i} * 7919 + 13) % vocab_size);
   }
   return tokens;
-}
-
-int32_t Argmax(const std::vector<float>& logits) {
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
 }
 
 // One prefill of `prompt` and one decode of `decode_tokens` tokens, each into a fresh cache.

@@ -34,24 +34,20 @@ ABSL_FLAG(int32_t, decode_tokens, 32, "teacher-forced continuation length");
 namespace kiln {
 namespace {
 
+using bench::Argmax;
+
+// ‖got − expected‖ / ‖expected‖ over everything added.
 struct ErrorSum {
   double error_squares = 0;
   double reference_squares = 0;
+  void Add(const float* got, const float* expected, size_t n) {
+    for (size_t i = 0; i < n; ++i) {
+      error_squares += std::pow(double{got[i]} - expected[i], 2);
+      reference_squares += double{expected[i]} * expected[i];
+    }
+  }
   double relative() const { return std::sqrt(error_squares / std::max(reference_squares, 1e-300)); }
 };
-
-double RelativeError(const float* got, const float* expected, size_t n) {
-  ErrorSum sum;
-  for (size_t i = 0; i < n; ++i) {
-    sum.error_squares += std::pow(double{got[i]} - expected[i], 2);
-    sum.reference_squares += double{expected[i]} * expected[i];
-  }
-  return sum.relative();
-}
-
-int32_t Argmax(const std::vector<float>& logits) {
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
 
 // Measures one checkpoint in one quantization against its unquantized self.
 int Measure(const std::filesystem::path& dir, const PreparedModel& reference,
@@ -79,12 +75,7 @@ int Measure(const std::filesystem::path& dir, const PreparedModel& reference,
         if (dense == nullptr || in.device.kind != DeviceKind::kHost) return;
         expected.resize(static_cast<size_t>(out.rows * out.cols));
         if (!cpu::RunLinear(*dense, in.f32(), in.rows, expected.data()).ok()) return;
-        ErrorSum& sum = by_linear[linear.name()];
-        const float* got = out.f32();
-        for (size_t i = 0; i < expected.size(); ++i) {
-          sum.error_squares += std::pow(double{got[i]} - expected[i], 2);
-          sum.reference_squares += double{expected[i]} * expected[i];
-        }
+        by_linear[linear.name()].Add(out.f32(), expected.data(), expected.size());
       });
 
   const int32_t vocab = static_cast<int32_t>(model.config().vocab_size);
@@ -108,7 +99,9 @@ int Measure(const std::filesystem::path& dir, const PreparedModel& reference,
         !reference.Forward({&chunk_r, 1}, &logits_r).ok()) {
       return 1;
     }
-    logit_errors.push_back(RelativeError(logits_q.data(), logits_r.data(), logits_r.size()));
+    ErrorSum logit_error;
+    logit_error.Add(logits_q.data(), logits_r.data(), logits_r.size());
+    logit_errors.push_back(logit_error.relative());
     const int32_t next = Argmax(logits_r);
     agree += Argmax(logits_q) == next;
     step = {next};
