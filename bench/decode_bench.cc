@@ -64,9 +64,9 @@ double MeasureFileRead(const std::filesystem::path& dir, uint64_t* bytes) {
 // Prints each op's share of a profiled decode run, the linears also by projection
 // ("layers.3.gate_up" counts as gate_up), and the time outside every op (the model's own code:
 // step metadata, block tables, handing logits back; here also the caller's argmax).
-void PrintStepShares(const OpProfile& profile, double seconds, int32_t tokens) {
-  std::printf("decode step by part (a run of %d tokens with every op timed: %.2f ms a token)\n",
-              tokens, seconds / tokens * 1e3);
+void PrintStepShares(const char* title, const OpProfile& profile, double seconds, int32_t tokens) {
+  std::printf("%s by part (%d tokens with every op timed: %.2f ms a token)\n", title, tokens,
+              seconds / tokens * 1e3);
   auto line = [&](const std::string& name, double part, int64_t calls) {
     std::printf("  %-26s %6.1f %%  %8.3f ms a token  (%lld calls a token)\n", name.c_str(),
                 100 * part / seconds, part / tokens * 1e3, static_cast<long long>(calls / tokens));
@@ -94,16 +94,18 @@ struct PrefillAndDecode {
 };
 
 // Prefills `prompt` into a fresh cache, then decodes `decode_tokens` greedy tokens at batch 1;
-// with `decode_profile`, every op of the decode steps is timed into it.
+// with profiles, every op of the prefill and of the decode steps is timed into them.
 absl::StatusOr<PrefillAndDecode> RunPrefillAndDecode(const PreparedModel& model,
                                                      const std::vector<int32_t>& prompt,
                                                      int32_t decode_tokens,
+                                                     OpProfile* prefill_profile = nullptr,
                                                      OpProfile* decode_profile = nullptr) {
   KILN_ASSIGN_OR_RETURN(KvCache cache,
                         model.NewCache(static_cast<int64_t>(prompt.size()) + decode_tokens));
   PrefillAndDecode run;
   std::vector<float> logits;
   SequenceChunk chunk{&cache, prompt, false};
+  model.set_op_profile(prefill_profile);
   auto start = Clock::now();
   KILN_RETURN_IF_ERROR(model.Forward({&chunk, 1}, &logits));
   run.prefill_seconds = Seconds(start);
@@ -199,10 +201,10 @@ int Main() {
   }
   const double prefill = Median(prefill_rates), decode = Median(decode_rates);
 
-  // One more run with every decode op timed (each waits for the last), for the step's shares.
-  OpProfile profile;
+  // One more run with every op timed (each waits for the last), for the shares of each part.
+  OpProfile prefill_profile, decode_profile;
   absl::StatusOr<PrefillAndDecode> profiled =
-      RunPrefillAndDecode(*model, prompt, decode_tokens, &profile);
+      RunPrefillAndDecode(*model, prompt, decode_tokens, &prefill_profile, &decode_profile);
   if (!profiled.ok()) return 1;
   const double profiled_seconds = profiled->decode_seconds;
   const double streamed = static_cast<double>(model->bytes_streamed_per_token());
@@ -212,7 +214,8 @@ int Main() {
   std::printf(
       "decode efficiency         %8.2f  (streamed bytes × tokens/s ÷ bandwidth; goal ≥ 0.8)\n",
       streamed * decode / bandwidth);
-  PrintStepShares(profile, profiled_seconds, decode_tokens);
+  PrintStepShares("prefill", prefill_profile, profiled->prefill_seconds, prompt_tokens);
+  PrintStepShares("decode step", decode_profile, profiled_seconds, decode_tokens);
   return 0;
 }
 

@@ -1,8 +1,17 @@
+// GCC 12 reports the _mm512_undefined_ps() pass-through operand inside its own intrinsics as
+// (maybe-)uninitialized once they inline into a target("...") function (the unmasked forms do not
+// read it); the state has to be set before <immintrin.h> is first included.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
 #include "kernels/cpu/ops.h"
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <vector>
+
+#include "kernels/cpu/vector_math.h"
 
 namespace kiln::cpu {
 namespace {
@@ -85,8 +94,39 @@ void ApplyRope(float* x, int64_t n_tokens, int64_t row_stride, int64_t n_heads, 
   }
 }
 
+namespace {
+
+KILN_AVX512_TARGET void SiluMulRowAvx512(const float* gate, const float* up, int64_t n,
+                                         float* out) {
+  const __m512 one = _mm512_set1_ps(1.0f);
+  for (int64_t i = 0; i < n; i += 16) {
+    const __mmask16 mask =
+        n - i >= 16 ? __mmask16{0xffff} : static_cast<__mmask16>((1u << (n - i)) - 1);
+    const __m512 g = _mm512_maskz_loadu_ps(mask, gate + i);
+    const __m512 u = _mm512_maskz_loadu_ps(mask, up + i);
+    const __m512 e = Exp16(_mm512_sub_ps(_mm512_setzero_ps(), g));
+    _mm512_mask_storeu_ps(out + i, mask, _mm512_mul_ps(_mm512_div_ps(g, _mm512_add_ps(one, e)), u));
+  }
+}
+
+}  // namespace
+
 void SiluMul(const float* gate_up, int64_t gate_up_stride, int64_t rows, int64_t inter, float* out,
              int64_t out_stride) {
+  static const bool avx512 = Avx512Supported();
+  if (avx512) {
+    // Pieces of 1024 values so that a few rows still spread over the threads.
+    constexpr int64_t kPiece = 1024;
+    const int64_t pieces = (inter + kPiece - 1) / kPiece;
+#pragma omp parallel for schedule(static) if (rows * inter >= kParallelElements)
+    for (int64_t i = 0; i < rows * pieces; ++i) {
+      const int64_t r = i / pieces, first = i % pieces * kPiece;
+      const float* gate = gate_up + r * gate_up_stride;
+      SiluMulRowAvx512(gate + first, gate + inter + first, std::min(kPiece, inter - first),
+                       out + r * out_stride + first);
+    }
+    return;
+  }
 #pragma omp parallel for collapse(2) schedule(static) if (rows * inter >= kParallelElements)
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t i = 0; i < inter; ++i) {
@@ -121,67 +161,6 @@ void EmbeddingLookup(const WeightView& table, const int32_t* ids, int64_t n, flo
   for (int64_t i = 0; i < n; ++i) {
     ConvertToF32(table.dtype, table.data + static_cast<size_t>(ids[i]) * row_bytes, cols,
                  out + i * out_stride);
-  }
-}
-
-void CausalAttention(const AttentionShape& shape, const float* q, int64_t q_stride,
-                     int64_t n_tokens, int64_t start_pos, const PagedKv& kv, float* out,
-                     int64_t out_stride) {
-  const int64_t n_heads = shape.n_heads;
-  const int64_t head_dim = shape.head_dim;
-  const int64_t kv_dim = kv.pool.kv_dim;
-  const int64_t block_size = kv.pool.block_size;
-  const int64_t group = std::max<int64_t>(1, n_heads / std::max<int64_t>(1, shape.n_kv_heads));
-  const int64_t context = start_pos + n_tokens;
-  const float scale = shape.scale;
-  const bool parallel = n_tokens * n_heads > 1 && context * n_heads * head_dim >= 4096;
-#pragma omp parallel if (parallel)
-  {
-    std::vector<float> scores(static_cast<size_t>(context));
-    std::vector<float> acc(static_cast<size_t>(head_dim));
-#pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      for (int64_t h = 0; h < n_heads; ++h) {
-        const float* qv = q + t * q_stride + h * head_dim;
-        const int64_t kv_offset = (h / group) * head_dim;
-        const int64_t len = start_pos + t + 1;  // causal: keys 0 .. start_pos + t
-        float max_score = -std::numeric_limits<float>::infinity();
-        // Block by block: the rows inside a block are contiguous.
-        for (int64_t first = 0, b = 0; first < len; first += block_size, ++b) {
-          const float* keys = kv.keys(b) + kv_offset;
-          const int64_t end = std::min(len - first, block_size);
-          for (int64_t o = 0; o < end; ++o) {
-            const float* kr = keys + o * kv_dim;
-            float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-            for (int64_t i = 0; i < head_dim; ++i) dot += qv[i] * kr[i];
-            scores[first + o] = dot * scale;
-            max_score = std::max(max_score, scores[first + o]);
-          }
-        }
-        float sum = 0.0f;
-        for (int64_t p = 0; p < len; ++p) {
-          scores[p] = std::exp(scores[p] - max_score);
-          sum += scores[p];
-        }
-        float* a = acc.data();
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        for (int64_t first = 0, b = 0; first < len; first += block_size, ++b) {
-          const float* values = kv.values(b) + kv_offset;
-          const int64_t end = std::min(len - first, block_size);
-          for (int64_t o = 0; o < end; ++o) {
-            const float* vr = values + o * kv_dim;
-            const float w = scores[first + o];
-#pragma omp simd
-            for (int64_t i = 0; i < head_dim; ++i) a[i] += w * vr[i];
-          }
-        }
-        const float inv_sum = 1.0f / sum;
-        float* o = out + t * out_stride + h * head_dim;
-#pragma omp simd
-        for (int64_t i = 0; i < head_dim; ++i) o[i] = a[i] * inv_sum;
-      }
-    }
   }
 }
 

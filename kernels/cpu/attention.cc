@@ -1,0 +1,363 @@
+// Causal attention over the paged KV pool (kernels/cpu/ops.h). The AVX-512 path works on tiles:
+// the query heads that share one KV head, for a few consecutive tokens, meet each chunk of 64
+// keys together, so each key and value row is read once per tile rather than once per head and
+// token. A chunk's keys are transposed in registers 16 at a time, so scores come 16 keys to a
+// vector, and the softmax is taken online (flash-attention style) with a vectorized exp.
+
+// GCC 12 reports the _mm512_undefined_ps() pass-through operand inside its own intrinsics as
+// (maybe-)uninitialized once they inline into a target("...") function (the unmasked forms do not
+// read it); the state has to be set before <immintrin.h> is first included.
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
+
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/vector_math.h"
+
+namespace kiln::cpu {
+namespace {
+
+// Keys per chunk of the online softmax (one max, rescale and sum per row and chunk), in
+// sub-blocks of 16 that are transposed and scored as one vector each.
+constexpr int64_t kKeysPerChunk = 64;
+constexpr int64_t kLanes = 16;
+constexpr int64_t kSubBlocks = kKeysPerChunk / kLanes;
+constexpr int64_t kMaxHeadDim = 512;
+// Query rows (tokens × heads of one KV group) per tile: enough to reuse each key chunk, few
+// enough that a prefill still splits into many tiles for the threads.
+constexpr int64_t kTargetTileRows = 32;
+
+// One query at a time, key by key: any head_dim, any CPU.
+void PortableAttention(const AttentionShape& shape, const float* q, int64_t q_stride,
+                       int64_t n_tokens, int64_t start_pos, const PagedKv& kv, float* out,
+                       int64_t out_stride) {
+  const int64_t n_heads = shape.n_heads;
+  const int64_t head_dim = shape.head_dim;
+  const int64_t kv_dim = kv.pool.kv_dim;
+  const int64_t block_size = kv.pool.block_size;
+  const int64_t group = std::max<int64_t>(1, n_heads / std::max<int64_t>(1, shape.n_kv_heads));
+  const int64_t context = start_pos + n_tokens;
+  const float scale = shape.scale;
+  const bool parallel = n_tokens * n_heads > 1 && context * n_heads * head_dim >= 4096;
+#pragma omp parallel if (parallel)
+  {
+    std::vector<float> scores(static_cast<size_t>(context));
+    std::vector<float> acc(static_cast<size_t>(head_dim));
+#pragma omp for collapse(2) schedule(dynamic, 1)
+    for (int64_t t = 0; t < n_tokens; ++t) {
+      for (int64_t h = 0; h < n_heads; ++h) {
+        const float* qv = q + t * q_stride + h * head_dim;
+        const int64_t kv_offset = (h / group) * head_dim;
+        const int64_t len = start_pos + t + 1;  // causal: keys 0 .. start_pos + t
+        float max_score = -std::numeric_limits<float>::infinity();
+        // Block by block: the rows inside a block are contiguous.
+        for (int64_t first = 0, b = 0; first < len; first += block_size, ++b) {
+          const float* keys = kv.keys(b) + kv_offset;
+          const int64_t end = std::min(len - first, block_size);
+          for (int64_t o = 0; o < end; ++o) {
+            const float* kr = keys + o * kv_dim;
+            float dot = 0.0f;
+#pragma omp simd reduction(+ : dot)
+            for (int64_t i = 0; i < head_dim; ++i) dot += qv[i] * kr[i];
+            scores[first + o] = dot * scale;
+            max_score = std::max(max_score, scores[first + o]);
+          }
+        }
+        float sum = 0.0f;
+        for (int64_t p = 0; p < len; ++p) {
+          scores[p] = std::exp(scores[p] - max_score);
+          sum += scores[p];
+        }
+        float* a = acc.data();
+        std::fill(acc.begin(), acc.end(), 0.0f);
+        for (int64_t first = 0, b = 0; first < len; first += block_size, ++b) {
+          const float* values = kv.values(b) + kv_offset;
+          const int64_t end = std::min(len - first, block_size);
+          for (int64_t o = 0; o < end; ++o) {
+            const float* vr = values + o * kv_dim;
+            const float w = scores[first + o];
+#pragma omp simd
+            for (int64_t i = 0; i < head_dim; ++i) a[i] += w * vr[i];
+          }
+        }
+        const float inv_sum = 1.0f / sum;
+        float* o = out + t * out_stride + h * head_dim;
+#pragma omp simd
+        for (int64_t i = 0; i < head_dim; ++i) o[i] = a[i] * inv_sum;
+      }
+    }
+  }
+}
+
+// Per-thread state of one tile: its query rows pre-scaled, the running max, sum and output of
+// each row, the current chunk's probabilities and transposed keys.
+struct TileState {
+  std::vector<float> q, acc, max, sum, alpha, probs, keys_t;
+};
+thread_local TileState tls_tile;
+
+struct Tile {
+  int64_t first_token = 0;  // within the new tokens
+  int64_t tokens = 0;
+  int64_t kv_head = 0;
+};
+
+// Scores of `R` rows against the chunk: s[r] = Σ_d q[r][d] · keys_t[d], summed in several
+// chains (d mod C) both for latency and so that rounding grows with head_dim / C, not head_dim.
+template <int R>
+KILN_AVX512_TARGET inline void ChunkScores(const float* q, int64_t head_dim, const float* keys_t,
+                                           __m512* s) {
+  constexpr int C = R <= 4 ? 4 : 2;  // head_dim is a multiple of 16
+  __m512 chain[R][C];
+  for (int r = 0; r < R; ++r) {
+    for (int c = 0; c < C; ++c) chain[r][c] = _mm512_setzero_ps();
+  }
+  for (int64_t d = 0; d < head_dim; d += C) {
+    for (int c = 0; c < C; ++c) {
+      const __m512 k = _mm512_load_ps(keys_t + (d + c) * kLanes);
+      for (int r = 0; r < R; ++r) {
+        chain[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * head_dim + d + c]), k, chain[r][c]);
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    __m512 sum = chain[r][0];
+    for (int c = 1; c < C; ++c) sum = _mm512_add_ps(sum, chain[r][c]);
+    s[r] = sum;
+  }
+}
+
+// acc[r][d0 .. d0 + 16·V) = acc · alpha[r] + Σ_j probs[r][j] · value_j, for R rows.
+template <int R, int V>
+KILN_AVX512_TARGET inline void ChunkValues(const float* const* values, int64_t count,
+                                           const float* probs, const float* alpha, int64_t d0,
+                                           int64_t head_dim, float* acc) {
+  __m512 a[R][V];
+  for (int r = 0; r < R; ++r) {
+    const __m512 scale = _mm512_set1_ps(alpha[r]);
+    for (int v = 0; v < V; ++v) {
+      a[r][v] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * head_dim + d0 + 16 * v), scale);
+    }
+  }
+  for (int64_t j = 0; j < count; ++j) {
+    __m512 row[V];
+    for (int v = 0; v < V; ++v) row[v] = _mm512_loadu_ps(values[j] + d0 + 16 * v);
+    for (int r = 0; r < R; ++r) {
+      const __m512 p = _mm512_set1_ps(probs[r * kKeysPerChunk + j]);
+      for (int v = 0; v < V; ++v) a[r][v] = _mm512_fmadd_ps(p, row[v], a[r][v]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int v = 0; v < V; ++v) _mm512_storeu_ps(acc + r * head_dim + d0 + 16 * v, a[r][v]);
+  }
+}
+
+template <int R>
+KILN_AVX512_TARGET void ChunkValuesRows(const float* const* values, int64_t count,
+                                        const float* probs, const float* alpha, int64_t head_dim,
+                                        float* acc) {
+  int64_t d0 = 0;
+  for (; d0 + 64 <= head_dim; d0 += 64) {
+    ChunkValues<R, 4>(values, count, probs, alpha, d0, head_dim, acc);
+  }
+  for (; d0 < head_dim; d0 += 16) ChunkValues<R, 1>(values, count, probs, alpha, d0, head_dim, acc);
+}
+
+// ChunkScores for n ≤ 8 rows.
+KILN_AVX512_TARGET void Scores(int64_t n, const float* q, int64_t head_dim, const float* keys_t,
+                               __m512* s) {
+  switch (n) {
+    case 8:
+      return ChunkScores<8>(q, head_dim, keys_t, s);
+    case 7:
+      return ChunkScores<7>(q, head_dim, keys_t, s);
+    case 6:
+      return ChunkScores<6>(q, head_dim, keys_t, s);
+    case 5:
+      return ChunkScores<5>(q, head_dim, keys_t, s);
+    case 4:
+      return ChunkScores<4>(q, head_dim, keys_t, s);
+    case 3:
+      return ChunkScores<3>(q, head_dim, keys_t, s);
+    case 2:
+      return ChunkScores<2>(q, head_dim, keys_t, s);
+    default:
+      return ChunkScores<1>(q, head_dim, keys_t, s);
+  }
+}
+
+KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int64_t q_stride,
+                                int64_t start_pos, const PagedKv& kv, const Tile& tile, float* out,
+                                int64_t out_stride) {
+  const int64_t head_dim = shape.head_dim;
+  const int64_t group = shape.n_heads / shape.n_kv_heads;
+  const int64_t rows = tile.tokens * group;  // row = token · group + head within the group
+  const int64_t kv_offset = tile.kv_head * head_dim;
+  const int64_t block_size = kv.pool.block_size;
+  const int64_t kv_dim = kv.pool.kv_dim;
+  TileState& st = tls_tile;
+  st.q.resize(static_cast<size_t>(rows * head_dim));
+  st.acc.assign(static_cast<size_t>(rows * head_dim), 0.0f);
+  st.max.assign(static_cast<size_t>(rows), -std::numeric_limits<float>::infinity());
+  st.sum.assign(static_cast<size_t>(rows), 0.0f);
+  st.alpha.resize(static_cast<size_t>(rows));
+  st.probs.resize(static_cast<size_t>(rows * kKeysPerChunk));
+  st.keys_t.resize(static_cast<size_t>(head_dim * kKeysPerChunk + kLanes));
+  float* keys_t = reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(st.keys_t.data()) + 63) &
+                                           ~uintptr_t{63});
+  const __m512 scale = _mm512_set1_ps(shape.scale);
+  for (int64_t t = 0; t < tile.tokens; ++t) {
+    for (int64_t h = 0; h < group; ++h) {
+      const float* src =
+          q + (tile.first_token + t) * q_stride + (tile.kv_head * group + h) * head_dim;
+      float* dst = st.q.data() + (t * group + h) * head_dim;
+      for (int64_t d = 0; d < head_dim; d += 16) {
+        _mm512_storeu_ps(dst + d, _mm512_mul_ps(_mm512_loadu_ps(src + d), scale));
+      }
+    }
+  }
+  // Keys 0 .. last position of the tile; row r sees keys up to start_pos + its token.
+  const int64_t first_pos = start_pos + tile.first_token;
+  const int64_t keys = first_pos + tile.tokens;
+  const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const float* key_rows[kKeysPerChunk];
+  const float* value_rows[kKeysPerChunk];
+  for (int64_t k0 = 0; k0 < keys; k0 += kKeysPerChunk) {
+    const int64_t count = std::min(kKeysPerChunk, keys - k0);
+    const int64_t sub_blocks = (count + kLanes - 1) / kLanes;
+    for (int64_t j = 0; j < count; ++j) {
+      const int64_t p = k0 + j;
+      const int64_t within = (p % block_size) * kv_dim + kv_offset;
+      key_rows[j] = kv.keys(p / block_size) + within;
+      value_rows[j] = kv.values(p / block_size) + within;
+    }
+    // keys_t[b][d][16]: dimension d of keys 16b .. 16b+15.
+    for (int64_t b = 0; b < sub_blocks; ++b) {
+      float* sub_t = keys_t + b * head_dim * kLanes;
+      for (int64_t d = 0; d < head_dim; d += kLanes) {
+        __m512 block[kLanes];
+        for (int64_t j = 0; j < kLanes; ++j) {
+          const int64_t key = b * kLanes + j;
+          block[j] = key < count ? _mm512_loadu_ps(key_rows[key] + d) : _mm512_setzero_ps();
+        }
+        Transpose16x16(block);
+        for (int c = 0; c < kLanes; ++c) _mm512_store_ps(sub_t + (d + c) * kLanes, block[c]);
+      }
+    }
+    // Scores, mask, and the online softmax update of each row.
+    for (int64_t r0 = 0; r0 < rows; r0 += 8) {
+      __m512 s[kSubBlocks][8];
+      const int64_t n = std::min<int64_t>(8, rows - r0);
+      const float* qr = st.q.data() + r0 * head_dim;
+      for (int64_t b = 0; b < sub_blocks; ++b) {
+        Scores(n, qr, head_dim, keys_t + b * head_dim * kLanes, s[b]);
+      }
+      for (int64_t i = 0; i < n; ++i) {
+        const int64_t r = r0 + i;
+        const int64_t visible = std::min(count, first_pos + r / group + 1 - k0);  // keys < this
+        __m512 scores[kSubBlocks];
+        __m512 chunk_max = minus_inf;
+        for (int64_t b = 0; b < sub_blocks; ++b) {
+          const __mmask16 mask = _mm512_cmplt_epi32_mask(
+              lane, _mm512_set1_epi32(static_cast<int32_t>(visible - b * kLanes)));
+          scores[b] = _mm512_mask_blend_ps(mask, minus_inf, s[b][i]);
+          chunk_max = _mm512_max_ps(chunk_max, scores[b]);
+        }
+        const float old_max = st.max[static_cast<size_t>(r)];
+        const float new_max = std::max(old_max, _mm512_reduce_max_ps(chunk_max));
+        // The first chunk holds key 0, which every row sees: new_max is finite from there on
+        // (or NaN, which then spreads to the row's output as it should).
+        const float alpha = std::exp(old_max - new_max);
+        __m512 total = _mm512_setzero_ps();
+        for (int64_t b = 0; b < sub_blocks; ++b) {
+          const __m512 probs = Exp16(_mm512_sub_ps(scores[b], _mm512_set1_ps(new_max)));
+          _mm512_storeu_ps(st.probs.data() + r * kKeysPerChunk + b * kLanes, probs);
+          total = _mm512_add_ps(total, probs);
+        }
+        st.sum[static_cast<size_t>(r)] =
+            st.sum[static_cast<size_t>(r)] * alpha + _mm512_reduce_add_ps(total);
+        st.max[static_cast<size_t>(r)] = new_max;
+        st.alpha[static_cast<size_t>(r)] = alpha;
+      }
+    }
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+      const int64_t n = std::min<int64_t>(4, rows - r0);
+      const float* probs = st.probs.data() + r0 * kKeysPerChunk;
+      const float* alpha = st.alpha.data() + r0;
+      float* acc = st.acc.data() + r0 * head_dim;
+      switch (n) {
+        case 4:
+          ChunkValuesRows<4>(value_rows, count, probs, alpha, head_dim, acc);
+          break;
+        case 3:
+          ChunkValuesRows<3>(value_rows, count, probs, alpha, head_dim, acc);
+          break;
+        case 2:
+          ChunkValuesRows<2>(value_rows, count, probs, alpha, head_dim, acc);
+          break;
+        default:
+          ChunkValuesRows<1>(value_rows, count, probs, alpha, head_dim, acc);
+          break;
+      }
+    }
+  }
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t t = r / group, h = tile.kv_head * group + r % group;
+    const __m512 inverse = _mm512_set1_ps(1.0f / st.sum[static_cast<size_t>(r)]);
+    const float* a = st.acc.data() + r * head_dim;
+    float* o = out + (tile.first_token + t) * out_stride + h * head_dim;
+    for (int64_t d = 0; d < head_dim; d += 16) {
+      _mm512_storeu_ps(o + d, _mm512_mul_ps(_mm512_loadu_ps(a + d), inverse));
+    }
+  }
+}
+
+void TiledAttention(const AttentionShape& shape, const float* q, int64_t q_stride, int64_t n_tokens,
+                    int64_t start_pos, const PagedKv& kv, float* out, int64_t out_stride) {
+  const int64_t group = shape.n_heads / shape.n_kv_heads;
+  const int64_t tile_tokens = std::clamp<int64_t>(kTargetTileRows / group, 1, n_tokens);
+  const int64_t tiles = (n_tokens + tile_tokens - 1) / tile_tokens;
+  const int64_t units = tiles * shape.n_kv_heads;
+  const int64_t context = start_pos + n_tokens;
+  const bool parallel = units > 1 && context * shape.n_heads * shape.head_dim >= 4096;
+  // Later tiles see more keys: hand them out first so the threads finish together.
+#pragma omp parallel for schedule(dynamic, 1) if (parallel)
+  for (int64_t u = 0; u < units; ++u) {
+    const int64_t tile = tiles - 1 - u / shape.n_kv_heads;
+    Tile t;
+    t.first_token = tile * tile_tokens;
+    t.tokens = std::min(tile_tokens, n_tokens - t.first_token);
+    t.kv_head = u % shape.n_kv_heads;
+    RunTile(shape, q, q_stride, start_pos, kv, t, out, out_stride);
+  }
+}
+
+}  // namespace
+
+void CausalAttention(const AttentionShape& shape, const float* q, int64_t q_stride,
+                     int64_t n_tokens, int64_t start_pos, const PagedKv& kv, float* out,
+                     int64_t out_stride) {
+  static const bool avx512 = Avx512Supported();
+  const bool tiled = avx512 && shape.head_dim % 16 == 0 && shape.head_dim <= kMaxHeadDim &&
+                     shape.n_kv_heads > 0 && shape.n_heads % shape.n_kv_heads == 0;
+  if (tiled) {
+    TiledAttention(shape, q, q_stride, n_tokens, start_pos, kv, out, out_stride);
+  } else {
+    PortableAttention(shape, q, q_stride, n_tokens, start_pos, kv, out, out_stride);
+  }
+}
+
+bool Avx512Supported() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+}
+
+}  // namespace kiln::cpu
