@@ -61,15 +61,15 @@ double MeasureFileRead(const std::filesystem::path& dir, uint64_t* bytes) {
   return Seconds(start);
 }
 
-// Prints each op's share of a profiled decode run, the linears also by projection
+// Prints each op's share of a profiled run (prefill or decode), the linears also by projection
 // ("layers.3.gate_up" counts as gate_up), and the time outside every op (the model's own code:
 // step metadata, block tables, handing logits back; here also the caller's argmax).
 void PrintStepShares(const char* title, const OpProfile& profile, double seconds, int32_t tokens) {
   std::printf("%s by part (%d tokens with every op timed: %.2f ms a token)\n", title, tokens,
               seconds / tokens * 1e3);
   auto line = [&](const std::string& name, double part, int64_t calls) {
-    std::printf("  %-26s %6.1f %%  %8.3f ms a token  (%lld calls a token)\n", name.c_str(),
-                100 * part / seconds, part / tokens * 1e3, static_cast<long long>(calls / tokens));
+    std::printf("  %-26s %6.1f %%  %8.3f ms a token  (%lld calls)\n", name.c_str(),
+                100 * part / seconds, part / tokens * 1e3, static_cast<long long>(calls));
   };
   for (int k = 0; k < kNumOpKinds; ++k) {
     const OpProfile::Entry& entry = profile.by_kind[static_cast<size_t>(k)];

@@ -108,18 +108,20 @@ struct Tile {
   int64_t kv_head = 0;
 };
 
-// Scores of `R` rows against the chunk: s[r] = Σ_d q[r][d] · keys_t[d], summed in several
-// chains (d mod C) both for latency and so that rounding grows with head_dim / C, not head_dim.
+// Scores of `R` rows against one sub-block: s[r] = Σ_d q[r][d] · keys_t[d], summed in 4 chains
+// (d mod 4) both for latency and so that rounding grows with head_dim / 4, not head_dim. The order
+// is the same whatever R is: a row's scores do not depend on the rows beside it in its tile, so
+// verifying k tokens gives each the same result as decoding it alone.
 template <int R>
 KILN_AVX512_TARGET inline void ChunkScores(const float* q, int64_t head_dim, const float* keys_t,
                                            __m512* s) {
-  constexpr int C = R <= 4 ? 4 : 2;  // head_dim is a multiple of 16
-  __m512 chain[R][C];
+  constexpr int kChains = 4;  // head_dim is a multiple of 16
+  __m512 chain[R][kChains];
   for (int r = 0; r < R; ++r) {
-    for (int c = 0; c < C; ++c) chain[r][c] = _mm512_setzero_ps();
+    for (int c = 0; c < kChains; ++c) chain[r][c] = _mm512_setzero_ps();
   }
-  for (int64_t d = 0; d < head_dim; d += C) {
-    for (int c = 0; c < C; ++c) {
+  for (int64_t d = 0; d < head_dim; d += kChains) {
+    for (int c = 0; c < kChains; ++c) {
       const __m512 k = _mm512_load_ps(keys_t + (d + c) * kLanes);
       for (int r = 0; r < R; ++r) {
         chain[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * head_dim + d + c]), k, chain[r][c]);
@@ -127,9 +129,8 @@ KILN_AVX512_TARGET inline void ChunkScores(const float* q, int64_t head_dim, con
     }
   }
   for (int r = 0; r < R; ++r) {
-    __m512 sum = chain[r][0];
-    for (int c = 1; c < C; ++c) sum = _mm512_add_ps(sum, chain[r][c]);
-    s[r] = sum;
+    s[r] = _mm512_add_ps(_mm512_add_ps(chain[r][0], chain[r][1]),
+                         _mm512_add_ps(chain[r][2], chain[r][3]));
   }
 }
 
@@ -169,18 +170,10 @@ KILN_AVX512_TARGET void ChunkValuesRows(const float* const* values, int64_t coun
   for (; d0 < head_dim; d0 += 16) ChunkValues<R, 1>(values, count, probs, alpha, d0, head_dim, acc);
 }
 
-// ChunkScores for n ≤ 8 rows.
+// ChunkScores for n ≤ 4 rows.
 KILN_AVX512_TARGET void Scores(int64_t n, const float* q, int64_t head_dim, const float* keys_t,
                                __m512* s) {
   switch (n) {
-    case 8:
-      return ChunkScores<8>(q, head_dim, keys_t, s);
-    case 7:
-      return ChunkScores<7>(q, head_dim, keys_t, s);
-    case 6:
-      return ChunkScores<6>(q, head_dim, keys_t, s);
-    case 5:
-      return ChunkScores<5>(q, head_dim, keys_t, s);
     case 4:
       return ChunkScores<4>(q, head_dim, keys_t, s);
     case 3:
@@ -252,9 +245,9 @@ KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int
       }
     }
     // Scores, mask, and the online softmax update of each row.
-    for (int64_t r0 = 0; r0 < rows; r0 += 8) {
-      __m512 s[kSubBlocks][8];
-      const int64_t n = std::min<int64_t>(8, rows - r0);
+    for (int64_t r0 = 0; r0 < rows; r0 += 4) {
+      __m512 s[kSubBlocks][4];
+      const int64_t n = std::min<int64_t>(4, rows - r0);
       const float* qr = st.q.data() + r0 * head_dim;
       for (int64_t b = 0; b < sub_blocks; ++b) {
         Scores(n, qr, head_dim, keys_t + b * head_dim * kLanes, s[b]);

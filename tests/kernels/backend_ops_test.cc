@@ -556,6 +556,40 @@ TEST_P(BackendOpsTest, AttentionThroughBlockTablesMatchesNaiveReference) {
   }
 }
 
+// Speculative verification runs k + 1 rows of a sequence in one step and keeps the tokens only
+// where they equal what decoding one row at a time would have chosen: a row's attention output
+// must not depend on the rows beside it, bit for bit (GQA 3 and 7; contexts across chunks).
+TEST_P(BackendOpsTest, AttentionOfEachRowEqualsTheRowAlone) {
+  const int64_t layers = 1;
+  for (auto [heads, kv_heads, rows, start] :
+       {std::tuple<int64_t, int64_t, int64_t, int64_t>{6, 2, 4, 61},
+        {14, 2, 9, 120},
+        {4, 4, 3, 0}}) {
+    SCOPED_TRACE(testing::Message()
+                 << heads << "/" << kv_heads << " heads, " << rows << "@" << start);
+    const AttentionShape shape{heads, kv_heads, 64, 0.125f};
+    MakePool((rows + start) / 16 + 2, 16, layers, shape.kv_dim(), 7);
+    const std::vector<int32_t> table = Table(rows + start);
+    const std::vector<float> x = Random(rows * shape.qkv_dim(), 9, -3.0f, 3.0f);
+    ASSERT_TRUE(ctx_->BeginStep(Step({{rows, start}}, {table})).ok());
+    const TensorView together = Filled(rows, shape.q_dim());
+    ASSERT_TRUE(ctx_->Attention(Upload(x, rows, shape.qkv_dim()), shape, 0, together).ok());
+    const std::vector<float> all = Download(together);
+    for (int64_t t = 0; t < rows; ++t) {
+      ASSERT_TRUE(ctx_->BeginStep(Step({{1, start + t}}, {table})).ok());
+      const std::vector<float> row(x.begin() + t * shape.qkv_dim(),
+                                   x.begin() + (t + 1) * shape.qkv_dim());
+      const TensorView alone = Filled(1, shape.q_dim());
+      ASSERT_TRUE(ctx_->Attention(Upload(row, 1, shape.qkv_dim()), shape, 0, alone).ok());
+      const std::vector<float> got = Download(alone);
+      for (int64_t i = 0; i < shape.q_dim(); ++i) {
+        ASSERT_EQ(got[static_cast<size_t>(i)], all[static_cast<size_t>(t * shape.q_dim() + i)])
+            << "row " << t << " value " << i;
+      }
+    }
+  }
+}
+
 TEST_P(BackendOpsTest, AttentionOpsRefuseLayersAndShapesTheCacheDoesNotHave) {
   const AttentionShape shape{4, 2, 64, 0.125f};
   MakePool(4, 4, 2, shape.kv_dim(), 3);
