@@ -82,6 +82,8 @@ struct FormatRow {
   std::string llama_error;       // why llama.cpp has none (after the first failure)
   double llama_tensor_bytes = 0;
   std::vector<double> kiln_prefill, kiln_decode, llama_prefill, llama_decode;
+  // Each decode run's bytes × tokens/s ÷ the bandwidth measured at the start of its round.
+  std::vector<double> kiln_roofline, llama_roofline;
 };
 
 struct Throughput {
@@ -321,24 +323,19 @@ std::string Ratio(const std::vector<double>& kiln, const std::vector<double>& ll
                                        : absl::StrFormat("%.2f", Median(kiln) / Median(llama));
 }
 
-std::string Roofline(double bytes_per_token, const std::vector<double>& rates, double bandwidth) {
-  return rates.empty() || bytes_per_token <= 0
-             ? "-"
-             : absl::StrFormat("%.2f", bytes_per_token * Median(rates) / bandwidth);
+std::string Roofline(const std::vector<double>& ratios) {
+  return ratios.empty() ? "-" : absl::StrFormat("%.2f", Median(ratios));
 }
 
-void PrintTable(const std::vector<FormatRow>& rows, bool with_llama, double bandwidth) {
+void PrintTable(const std::vector<FormatRow>& rows, bool with_llama) {
   std::printf("\n%-14s %11s %11s %6s  %10s %10s %6s  %8s %8s\n", "format", "kiln pp", "llama pp",
               "ratio", "kiln tg", "llama tg", "ratio", "kiln rl", "llama rl");
   for (const FormatRow& row : rows) {
-    const double kiln_bytes =
-        row.kiln_model ? static_cast<double>(row.kiln_model->bytes_streamed_per_token()) : 0;
     std::printf("%-14s %11s %11s %6s  %10s %10s %6s  %8s %8s\n", row.label.c_str(),
                 Rate(row.kiln_prefill).c_str(), Rate(row.llama_prefill).c_str(),
                 Ratio(row.kiln_prefill, row.llama_prefill).c_str(), Rate(row.kiln_decode).c_str(),
                 Rate(row.llama_decode).c_str(), Ratio(row.kiln_decode, row.llama_decode).c_str(),
-                Roofline(kiln_bytes, row.kiln_decode, bandwidth).c_str(),
-                Roofline(row.llama_tensor_bytes, row.llama_decode, bandwidth).c_str());
+                Roofline(row.kiln_roofline).c_str(), Roofline(row.llama_roofline).c_str());
     if (!row.kiln_unavailable.empty()) {
       std::printf("  kiln %s: not available (%s)\n",
                   std::string(QuantizationName(row.kiln_quantization)).c_str(),
@@ -350,8 +347,9 @@ void PrintTable(const std::vector<FormatRow>& rows, bool with_llama, double band
   }
   std::printf(
       "\ntokens/s, medians; pp = prefill, tg = batch-1 decode, ratio = kiln ÷ llama.cpp;\n"
-      "rl = decode roofline: bytes read per token × tg ÷ read bandwidth (kiln: packed weights and "
-      "one embedding row;\nllama.cpp: every tensor in the file, its model_size)\n");
+      "rl = decode roofline: bytes read per token × tg ÷ the read bandwidth measured in the same "
+      "round, median\nover rounds (kiln: packed weights and one embedding row; llama.cpp: every "
+      "tensor in the file, its\nmodel_size)\n");
 }
 
 int Fail(const absl::Status& status) {
@@ -401,10 +399,6 @@ int Main() {
     }
   }
 
-  const double bandwidth = bench::MeasureReadBandwidth(repeats);
-  std::printf("memory read bandwidth  %.2f GB/s (median of %d), %d threads\n", bandwidth / 1e9,
-              repeats, threads);
-
   absl::StatusOr<std::unique_ptr<Backend>> created = CreateBackend(absl::GetFlag(FLAGS_backend));
   if (!created.ok()) return Fail(created.status());
   std::shared_ptr<Backend> backend(std::move(*created));
@@ -428,15 +422,25 @@ int Main() {
     }
   }
 
-  std::printf("%d alternating rounds of prefill %d and decode %d (each from an empty cache)",
-              repeats, prompt_tokens, decode_tokens);
+  std::printf(
+      "%d alternating rounds of prefill %d and decode %d (each from an empty cache), each round "
+      "after a read-bandwidth probe",
+      repeats, prompt_tokens, decode_tokens);
   std::fflush(stdout);
+  // The machine's bandwidth moves (other tenants, clocks) by up to 2× over minutes here, so each
+  // round is held against its own probe rather than one taken at the start.
+  std::vector<double> bandwidths;
   for (int round = 0; round < repeats; ++round) {
+    const double bandwidth = bench::MeasureReadBandwidth(2);
+    bandwidths.push_back(bandwidth);
     for (FormatRow& row : rows) {
       if (row.kiln_model) {
         absl::StatusOr<Throughput> kiln = MeasureKiln(*row.kiln_model, prompt, decode_tokens);
         if (!kiln.ok()) return Fail(kiln.status());
         row.kiln_prefill.push_back(kiln->prefill), row.kiln_decode.push_back(kiln->decode);
+        row.kiln_roofline.push_back(
+            static_cast<double>(row.kiln_model->bytes_streamed_per_token()) * kiln->decode /
+            bandwidth);
       }
       if (!llama_bench.empty() && row.llama_error.empty()) {
         absl::StatusOr<LlamaBenchResult> llama = MeasureLlamaCpp(
@@ -448,6 +452,7 @@ int Main() {
           row.llama_prefill.push_back(llama->throughput.prefill);
           row.llama_decode.push_back(llama->throughput.decode);
           row.llama_tensor_bytes = llama->tensor_bytes;
+          row.llama_roofline.push_back(llama->tensor_bytes * llama->throughput.decode / bandwidth);
         }
       }
     }
@@ -455,7 +460,12 @@ int Main() {
     std::fflush(stdout);
   }
   std::printf("\n");
-  PrintTable(rows, !llama_bench.empty(), bandwidth);
+  std::printf(
+      "memory read bandwidth  %.2f GB/s median of the rounds' probes (%.2f to %.2f), %d "
+      "threads\n",
+      Median(bandwidths) / 1e9, *std::min_element(bandwidths.begin(), bandwidths.end()) / 1e9,
+      *std::max_element(bandwidths.begin(), bandwidths.end()) / 1e9, threads);
+  PrintTable(rows, !llama_bench.empty());
   return 0;
 }
 

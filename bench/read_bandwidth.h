@@ -41,7 +41,13 @@ uint64_t SumStreams(const uint8_t* data, size_t bytes, size_t prefetch) {
   __m512i total = _mm512_setzero_si512();
   for (int s = 0; s < S; ++s)
     total = _mm512_add_epi64(total, _mm512_add_epi64(acc[s][0], acc[s][1]));
-  return static_cast<uint64_t>(_mm512_reduce_add_epi64(total));
+  // Through memory rather than _mm512_reduce_add_epi64, whose extracts GCC 12 reports as reading
+  // an uninitialized pass-through operand.
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(lanes, total);
+  uint64_t sum = 0;
+  for (uint64_t lane : lanes) sum += lane;
+  return sum;
 #else
   (void)prefetch;
   uint64_t sum = 0;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
@@ -18,16 +19,28 @@ absl::Status FieldError(absl::string_view field, absl::string_view what) {
   return absl::InvalidArgumentError(absl::StrCat("config.json: field \"", field, "\" ", what));
 }
 
-// Reads a positive integer field; `fallback` < 0 makes it required.
-absl::StatusOr<int64_t> PositiveInt(const Json& json, absl::string_view field, int64_t fallback) {
+// Upper bounds far above any real model (hidden 16384, vocabulary 262144, 128 heads of 256,
+// 126 layers, 10M positions) that keep the products the model is built from (q_dim, weight
+// shapes, KV pool sizes) inside int64: a hostile config.json is refused here, not overflowed later.
+constexpr int64_t kMaxDimension = int64_t{1} << 24;  // widths, heads, vocabulary
+constexpr int64_t kMaxLayers = int64_t{1} << 16;
+constexpr int64_t kMaxPositions = std::numeric_limits<int32_t>::max();
+
+// Reads a positive integer field of at most `max`; `fallback` < 0 makes it required.
+absl::StatusOr<int64_t> PositiveInt(const Json& json, absl::string_view field, int64_t fallback,
+                                    int64_t max = kMaxDimension) {
   auto it = json.find(field);
   if (it == json.end() || it->is_null()) {
     if (fallback < 0) return FieldError(field, "is missing");
     return fallback;
   }
   if (!it->is_number_integer()) return FieldError(field, "must be an integer");
+  if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(max)) {
+    return FieldError(field, absl::StrCat("must be at most ", max, ", got ", it->get<uint64_t>()));
+  }
   int64_t value = it->get<int64_t>();
   if (value <= 0) return FieldError(field, absl::StrCat("must be positive, got ", value));
+  if (value > max) return FieldError(field, absl::StrCat("must be at most ", max, ", got ", value));
   return value;
 }
 
@@ -87,12 +100,24 @@ absl::StatusOr<std::vector<int32_t>> TokenIds(const Json& json, absl::string_vie
   std::vector<int32_t> ids;
   auto it = json.find(field);
   if (it == json.end() || it->is_null()) return ids;
+  // A token id must be an int32 >= 0; get<int32_t> alone would wrap 4294967298 to 2.
+  auto token_id = [&](const Json& id) -> absl::StatusOr<int32_t> {
+    if (id.is_number_unsigned() &&
+        id.get<uint64_t>() <= static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
+      return id.get<int32_t>();
+    }
+    if (id.is_number_integer()) {
+      return FieldError(field, absl::StrCat("holds ", id.dump(), ", not a token id in [0, 2^31)"));
+    }
+    return FieldError(field, "must hold integers");
+  };
   if (it->is_number_integer()) {
-    ids.push_back(it->get<int32_t>());
+    KILN_ASSIGN_OR_RETURN(int32_t id, token_id(*it));
+    ids.push_back(id);
   } else if (it->is_array()) {
-    for (const Json& id : *it) {
-      if (!id.is_number_integer()) return FieldError(field, "must hold integers");
-      ids.push_back(id.get<int32_t>());
+    for (const Json& element : *it) {
+      KILN_ASSIGN_OR_RETURN(int32_t id, token_id(element));
+      ids.push_back(id);
     }
   } else {
     return FieldError(field, "must be an integer or a list of integers");
@@ -135,7 +160,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
 
   KILN_ASSIGN_OR_RETURN(config.hidden_size, PositiveInt(json, "hidden_size", -1));
   KILN_ASSIGN_OR_RETURN(config.intermediate_size, PositiveInt(json, "intermediate_size", -1));
-  KILN_ASSIGN_OR_RETURN(config.num_hidden_layers, PositiveInt(json, "num_hidden_layers", -1));
+  KILN_ASSIGN_OR_RETURN(config.num_hidden_layers,
+                        PositiveInt(json, "num_hidden_layers", -1, kMaxLayers));
   KILN_ASSIGN_OR_RETURN(config.num_attention_heads, PositiveInt(json, "num_attention_heads", -1));
   KILN_ASSIGN_OR_RETURN(config.num_key_value_heads,
                         PositiveInt(json, "num_key_value_heads", config.num_attention_heads));
@@ -150,8 +176,14 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
   if (config.num_attention_heads % config.num_key_value_heads != 0) {
     return FieldError("num_key_value_heads", "must divide num_attention_heads");
   }
+  // Both factors are at most kMaxDimension, so the product itself cannot overflow.
+  if (config.q_dim() > kMaxDimension) {
+    return FieldError("head_dim",
+                      absl::StrCat("times num_attention_heads must be at most ", kMaxDimension,
+                                   ", got ", config.head_dim, " x ", config.num_attention_heads));
+  }
   KILN_ASSIGN_OR_RETURN(config.max_position_embeddings,
-                        PositiveInt(json, "max_position_embeddings", 4096));
+                        PositiveInt(json, "max_position_embeddings", 4096, kMaxPositions));
   KILN_ASSIGN_OR_RETURN(config.rms_norm_eps, PositiveNumber(json, "rms_norm_eps", 1e-6));
   KILN_ASSIGN_OR_RETURN(config.rope_theta, PositiveNumber(json, "rope_theta", 10000.0));
   KILN_ASSIGN_OR_RETURN(config.rope_scaling, ParseRopeScaling(json));
@@ -185,7 +217,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
   bool use_sliding_window = config.architecture == Architecture::kMistral;
   KILN_ASSIGN_OR_RETURN(use_sliding_window, Bool(json, "use_sliding_window", use_sliding_window));
   if (use_sliding_window) {
-    KILN_ASSIGN_OR_RETURN(config.sliding_window, PositiveInt(json, "sliding_window", 0));
+    KILN_ASSIGN_OR_RETURN(config.sliding_window,
+                          PositiveInt(json, "sliding_window", 0, kMaxPositions));
   }
   if (auto dtype = json.find("torch_dtype"); dtype != json.end() && dtype->is_string()) {
     config.torch_dtype = dtype->get<std::string>();
@@ -197,8 +230,8 @@ absl::StatusOr<ModelConfig> ParseModelConfig(absl::string_view json_text) {
   for (const char* key : {"num_nextn_predict_layers", "mtp_num_hidden_layers"}) {
     auto it = json.find(key);
     if (it == json.end() || it->is_null()) continue;
-    if (!it->is_number_integer() || it->get<int64_t>() < 0) {
-      return FieldError(key, "must be a non-negative integer");
+    if (!it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > kMaxLayers) {
+      return FieldError(key, absl::StrCat("must be an integer in [0, ", kMaxLayers, "]"));
     }
     config.num_mtp_layers = std::max(config.num_mtp_layers, it->get<int64_t>());
   }

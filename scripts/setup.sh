@@ -27,6 +27,9 @@ packages=(
   python3-grpcio python3-protobuf
   # tools/gguf/safetensors_to_gguf.py (GGUF files for the llama.cpp comparison bench) and its test
   python3-numpy
+  # fuzzing (scripts/fuzz.sh, the `fuzz` preset): clang 14 with libFuzzer and the sanitizer
+  # runtimes, LLVM's OpenMP runtime for -fopenmp, llvm-symbolizer for readable crash stacks
+  clang-14 libclang-rt-14-dev libomp-14-dev llvm-14
 )
 # The OpenAI SDK end-to-end test (tests/e2e/openai) runs on Node.js: Debian's nodejs and npm,
 # unless a Node.js with npm is already installed (another distribution's nodejs package

@@ -1,6 +1,8 @@
 // Jinja2's filters and tests.
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
@@ -95,17 +97,28 @@ absl::StatusOr<Value> Select(Evaluator& ev, const Value& v, CallArgs& args, bool
   return Value::MakeList(std::move(out));
 }
 
-absl::StatusOr<Value> Indent(const Value& v, const CallArgs& args) {
+absl::StatusOr<Value> Indent(const Evaluator& ev, const Value& v, const CallArgs& args) {
   if (!v.IsString()) return ArgError("indent", "a string is required");
   const Value* width = args.Get(0, "width");
-  std::string ind =
-      width == nullptr ? std::string(4, ' ')
-      : width->IsString()
-          ? width->s
-          : std::string(static_cast<size_t>(std::max<int64_t>(0, width->AsInt())), ' ');
+  std::string ind;
+  if (width == nullptr) {
+    ind = std::string(4, ' ');
+  } else if (width->IsString()) {
+    ind = width->s;
+  } else {
+    const int64_t spaces = std::max<int64_t>(0, width->AsInt());
+    KILN_RETURN_IF_ERROR(ev.CheckSize(static_cast<uint64_t>(spaces)));
+    ind = std::string(static_cast<size_t>(spaces), ' ');
+  }
   bool first = BoolArg(args, 1, "first", false);
   bool blank = BoolArg(args, 2, "blank", false);
   std::vector<std::string> lines = Lines(Str(v) + "\n");
+  // The result's exact size, checked before it is built: the indent repeats on every line.
+  size_t indents = first ? 1 : 0;
+  for (size_t i = 1; i < lines.size(); ++i) indents += blank || !lines[i].empty() ? 1 : 0;
+  KILN_RETURN_IF_ERROR(ev.CheckSize(!ind.empty() && indents > (SIZE_MAX - v.s.size()) / ind.size()
+                                        ? SIZE_MAX
+                                        : v.s.size() + indents * ind.size()));
   std::string rv;
   for (size_t i = 0; i < lines.size(); ++i) {
     if (i > 0) rv += "\n";
@@ -149,8 +162,11 @@ absl::StatusOr<Value> ApplyFilter(Evaluator& ev, absl::string_view name, const V
   if (name == "tojson") {
     JsonOptions o;
     if (const Value* indent = args.Get(1, "indent"); indent != nullptr && !indent->IsNone()) {
-      o.indent = static_cast<int>(indent->AsInt());
+      // Clamped, not truncated: 2**32 + 2 must not become 2 (o.max_bytes refuses a huge one).
+      o.indent = static_cast<int>(std::clamp<int64_t>(
+          indent->AsInt(), std::numeric_limits<int>::min(), std::numeric_limits<int>::max()));
     }
+    o.max_bytes = ev.max_output_bytes();
     if (const Value* seps = args.Get(2, "separators");
         seps != nullptr && seps->IsList() && seps->list->size() == 2) {
       o.item_sep = Str((*seps->list)[0]);
@@ -360,7 +376,7 @@ absl::StatusOr<Value> ApplyFilter(Evaluator& ev, absl::string_view name, const V
     }
     return Value::Int(words);
   }
-  if (name == "indent") return Indent(v, args);
+  if (name == "indent") return Indent(ev, v, args);
   if (name == "batch") {
     KILN_ASSIGN_OR_RETURN(List items, Iterate(v));
     int64_t size = IntArg(args, 0, "linecount", 1);

@@ -104,8 +104,23 @@ absl::StatusOr<std::string> Evaluator::Render(const Body& root, const Value& con
   std::string out;
   auto flow = Exec(root, out);
   frame_ = root_ = nullptr;
+  for (const std::weak_ptr<Dict>& weak : namespaces_) {
+    if (std::shared_ptr<Dict> ns = weak.lock()) ns->items.clear();
+  }
+  namespaces_.clear();
+  next_namespace_sweep_ = 64;
   if (!flow.ok()) return flow.status();
   return out;
+}
+
+void Evaluator::TrackNamespace(const std::shared_ptr<Dict>& ns) {
+  // Most namespaces die with their scope: forget those whenever the list has doubled since the
+  // last sweep, so that a loop creating namespaces keeps memory flat at O(1) amortized cost.
+  if (namespaces_.size() >= next_namespace_sweep_) {
+    std::erase_if(namespaces_, [](const std::weak_ptr<Dict>& weak) { return weak.expired(); });
+    next_namespace_sweep_ = std::max<size_t>(64, 2 * namespaces_.size());
+  }
+  namespaces_.push_back(ns);
 }
 
 absl::StatusOr<Evaluator::Flow> Evaluator::Exec(const Body& body, std::string& out) {

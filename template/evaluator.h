@@ -1,8 +1,10 @@
 // Renders a parsed template (internal to template/): statements, expressions, scopes and limits.
 #pragma once
 
+#include <memory>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
@@ -25,6 +27,11 @@ class Evaluator {
   absl::Status ChargeIterations(int64_t n);
   absl::Status CheckSize(size_t bytes) const;
   int64_t max_loop_iterations() const { return limits_.max_loop_iterations; }
+  size_t max_output_bytes() const { return limits_.max_output_bytes; }
+  // namespace() objects are the one mutable value: `{% set ns.self = ns %}` makes a reference
+  // cycle that shared_ptr alone never frees. Render empties every namespace still alive when it
+  // ends (no value outlives a render: its result is text), which breaks such cycles.
+  void TrackNamespace(const std::shared_ptr<Dict>& ns);
 
  private:
   enum class Flow { kNormal, kBreak, kContinue };
@@ -54,6 +61,8 @@ class Evaluator {
   size_t emitted_ = 0;
   int call_depth_ = 0;
   int eval_depth_ = 0;
+  std::vector<std::weak_ptr<Dict>> namespaces_;
+  size_t next_namespace_sweep_ = 64;
 };
 
 // builtins.cc

@@ -235,9 +235,10 @@ void AddGlobals(absl::flat_hash_map<std::string, Value>& vars) {
         return Value::MakeList(std::move(items));
       });
   auto make_dict = [](bool ns) {
-    return [ns](Evaluator&, CallArgs& args) -> absl::StatusOr<Value> {
+    return [ns](Evaluator& ev, CallArgs& args) -> absl::StatusOr<Value> {
       Value d = Value::MakeDict();
       d.is_namespace = ns;
+      if (ns) ev.TrackNamespace(d.dict);
       for (const Value& a : args.args) {
         if (!a.IsDict()) return ArgError(ns ? "namespace" : "dict", "a mapping is required");
         for (const auto& [k, v] : a.dict->items) d.dict->Set(k, v);

@@ -351,11 +351,24 @@ void JsonString(const std::string& s, bool ensure_ascii, std::string& out) {
 absl::Status Dump(const Value& v, const JsonOptions& o, const std::string& item_sep, int level,
                   std::string& out) {
   if (level > 512) return absl::InvalidArgumentError("tojson: value nested too deeply");
+  // Whether `more` bytes still fit under o.max_bytes (indent <= INT_MAX times level <= 513 and
+  // the separators' sizes cannot overflow size_t).
+  auto fits = [&](size_t more) {
+    return out.size() <= o.max_bytes && more <= o.max_bytes - out.size();
+  };
+  auto too_long = [&] {  // built only when needed: Dump runs once per value
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tojson: output exceeds the limit of ", o.max_bytes, " bytes"));
+  };
+  if (!fits(0)) return too_long();
   auto newline = [&](int lvl) {
     if (o.indent >= 0) {
+      const size_t spaces = static_cast<size_t>(o.indent) * static_cast<size_t>(lvl);
+      if (!fits(1 + spaces)) return false;
       out += '\n';
-      out.append(static_cast<size_t>(o.indent) * static_cast<size_t>(lvl), ' ');
+      out.append(spaces, ' ');
     }
+    return true;
   };
   switch (v.kind) {
     case Value::Kind::kNone:
@@ -386,11 +399,12 @@ absl::Status Dump(const Value& v, const JsonOptions& o, const std::string& item_
       }
       out += '[';
       for (size_t i = 0; i < v.list->size(); ++i) {
+        if (i > 0 && !fits(item_sep.size())) return too_long();
         if (i > 0) out += item_sep;
-        newline(level + 1);
+        if (!newline(level + 1)) return too_long();
         if (auto st = Dump((*v.list)[i], o, item_sep, level + 1, out); !st.ok()) return st;
       }
-      newline(level);
+      if (!newline(level)) return too_long();
       out += ']';
       return absl::OkStatus();
     }
@@ -407,13 +421,15 @@ absl::Status Dump(const Value& v, const JsonOptions& o, const std::string& item_
       }
       out += '{';
       for (size_t i = 0; i < items.size(); ++i) {
+        if (i > 0 && !fits(item_sep.size())) return too_long();
         if (i > 0) out += item_sep;
-        newline(level + 1);
+        if (!newline(level + 1)) return too_long();
         JsonString(items[i]->first, o.ensure_ascii, out);
+        if (!fits(o.key_sep.size())) return too_long();
         out += o.key_sep;
         if (auto st = Dump(items[i]->second, o, item_sep, level + 1, out); !st.ok()) return st;
       }
-      newline(level);
+      if (!newline(level)) return too_long();
       out += '}';
       return absl::OkStatus();
     }

@@ -145,6 +145,9 @@ struct JsonOptions {
   bool ensure_ascii = false;  // escape non-ASCII as \uXXXX (surrogate pairs above U+FFFF)
   std::string item_sep;       // empty: Python's default for the indent
   std::string key_sep = ": ";
+  // Output past this many bytes is ResourceExhausted: the indent and the separators are repeated
+  // for every item, so a few bytes of template could otherwise ask for gigabytes.
+  size_t max_bytes = SIZE_MAX;
 };
 // json.dumps(v, ...) byte for byte.
 absl::StatusOr<std::string> DumpJson(const Value& v, const JsonOptions& options);

@@ -110,6 +110,10 @@ struct MergeCandidate {
 };
 
 constexpr int32_t kMaxId = 1 << 26;
+// The id → token tables are dense, sized by the largest id. Real vocabularies number their
+// tokens from 0 with few if any holes; more unused ids than this means a hostile file, which
+// would otherwise make a few bytes of JSON allocate gigabytes.
+constexpr int64_t kMaxUnusedIds = 1 << 16;
 
 }  // namespace
 
@@ -131,6 +135,11 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
     }
     max_id = std::max(max_id, id);
   }
+  if (max_id >= static_cast<int64_t>(vocab.size()) + kMaxUnusedIds) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("BPE vocab: id ", max_id, " is far past the ", vocab.size(),
+                     " tokens of the vocabulary (at most ", kMaxUnusedIds, " ids may be unused)"));
+  }
   model->vocab_.reserve(vocab.size());
   model->id_to_token_.resize(static_cast<size_t>(max_id + 1));
   model->has_token_.assign(static_cast<size_t>(max_id + 1), false);
@@ -146,7 +155,9 @@ absl::StatusOr<std::unique_ptr<BpeModel>> BpeModel::Create(
   model->merges_.reserve(merges.size());
   std::string joined;
   for (size_t rank = 0; rank < merges.size(); ++rank) {
-    const auto& [a, b] = merges[rank];
+    // Named views, not a structured binding: clang before 16 cannot capture one in a lambda.
+    const absl::string_view a = merges[rank].first;
+    const absl::string_view b = merges[rank].second;
     auto describe = [&] { return absl::StrCat("BPE merge #", rank, " (\"", a, "\" \"", b, "\")"); };
     auto a_it = model->vocab_.find(a);
     if (a_it == model->vocab_.end()) {

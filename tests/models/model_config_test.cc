@@ -1,5 +1,9 @@
 #include "models/model_config.h"
 
+#include <limits>
+#include <string>
+
+#include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
 
@@ -137,6 +141,51 @@ TEST(ModelConfigTest, JsonRoundTrip) {
     EXPECT_EQ(second->rope_scaling.original_max_position_embeddings, 64.0);
     EXPECT_EQ(second->eos_token_ids, first->eos_token_ids);
   }
+}
+
+// Found by fuzz/fuzz_model_config.cc: sizes no model has made q_dim() (heads x head_dim) overflow
+// int64, and token ids past int32 wrapped around. Each is refused naming the field.
+TEST(ModelConfigTest, AbsurdSizesAreRefused) {
+  auto error = [](const nlohmann::json& json) {
+    return std::string(Parse(json).status().message());
+  };
+  nlohmann::json json = LlamaJson();
+  json["num_attention_heads"] = 4294967296;
+  json["num_key_value_heads"] = 1;
+  json["head_dim"] = 4294967296;
+  EXPECT_NE(error(json).find("\"num_attention_heads\" must be at most 16777216"), std::string::npos)
+      << error(json);
+
+  json = LlamaJson();
+  json["num_attention_heads"] = 65536;
+  json["num_key_value_heads"] = 1;
+  json["head_dim"] = 65536;
+  EXPECT_NE(error(json).find("\"head_dim\" times num_attention_heads must be at most"),
+            std::string::npos)
+      << error(json);
+
+  for (const char* field : {"hidden_size", "vocab_size", "intermediate_size", "num_hidden_layers",
+                            "max_position_embeddings"}) {
+    json = LlamaJson();
+    json[field] = std::numeric_limits<uint64_t>::max();
+    EXPECT_NE(error(json).find(absl::StrCat("\"", field, "\" must be at most")), std::string::npos)
+        << field << ": " << error(json);
+  }
+
+  json = LlamaJson();
+  json["eos_token_id"] = {2, 4294967298};
+  EXPECT_NE(error(json).find("\"eos_token_id\" holds 4294967298"), std::string::npos)
+      << error(json);
+  json["eos_token_id"] = -1;
+  EXPECT_FALSE(Parse(json).ok());
+
+  // The largest values allowed still parse.
+  json = LlamaJson();
+  json["hidden_size"] = 16777216;
+  json["num_attention_heads"] = 4096;
+  json["num_key_value_heads"] = 4096;
+  json["max_position_embeddings"] = 2147483647;
+  EXPECT_TRUE(Parse(json).ok()) << error(json);
 }
 
 }  // namespace

@@ -144,6 +144,43 @@ TEST(ChatTemplateTest, LimitsAreConfigurable) {
   EXPECT_FALSE(Render(rec + "{{ f(3) }}", {}, limits).ok());
 }
 
+// Found by fuzz/fuzz_chat_template.cc: indent's width and tojson's indent and separators are
+// repeated for every line or item, so a few bytes of template asked for gigabytes (4 GB for
+// indent(4000000000)) before the output limit was ever checked.
+TEST(ChatTemplateTest, IndentAndTojsonRespectTheOutputLimit) {
+  for (const char* src :
+       {"{{ 'a\\nb' | indent(4000000000) }}", "{{ ('a\\n' * 1000000) | indent(100) }}",
+        "{{ messages | tojson(indent=2000000000) }}",
+        "{{ range(100000) | list | tojson(indent=1000) }}",
+        "{{ range(10000) | list | tojson(separators=['x' * 10000, ':']) }}"}) {
+    auto out = Render(src, {{"messages", {{{"role", "user"}, {"content", "hi"}}}}});
+    ASSERT_FALSE(out.ok()) << src;
+    EXPECT_EQ(out.status().code(), absl::StatusCode::kResourceExhausted) << src << out.status();
+  }
+  ChatTemplateLimits limits;
+  limits.max_output_bytes = 64;
+  EXPECT_EQ(Render("{{ 'a\\nb' | indent(61) }}", {}, limits).value_or("?"),
+            "a\n" + std::string(61, ' ') + "b");  // 64 bytes
+  EXPECT_FALSE(Render("{{ 'a\\nb' | indent(62) }}", {}, limits).ok());
+  EXPECT_EQ(Render("{{ [1] | tojson(indent=2) }}").value_or("?"), "[\n  1\n]");
+  // An indent past int's range is clamped, not wrapped around to a small one.
+  EXPECT_FALSE(Render("{{ [1] | tojson(indent=4294967298) }}").ok());
+}
+
+// Found by fuzz/fuzz_chat_template.cc: a namespace stored inside itself (directly or in a list)
+// was a shared_ptr cycle that outlived the render, leaking on every request (the asan preset's
+// leak checker fails this test without the fix).
+TEST(ChatTemplateTest, NamespaceCyclesAreFreed) {
+  auto out = Render(
+      "{% set ns = namespace(a=1) %}{% set ns.me = ns %}{% set ns.all = [ns, {'k': ns}] %}"
+      "{% for i in range(3) %}{% set inner = namespace(up=ns) %}{% set inner.me = inner %}"
+      "{% endfor %}{{ ns.me.me.a }}{{ ns.all[1].k.a }}");
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(*out, "11");
+  EXPECT_FALSE(
+      Render("{% set ns = namespace() %}{% set ns.me = ns %}{{ raise_exception('x') }}").ok());
+}
+
 TEST(ChatTemplateTest, DeepMacroRecursionFails) {
   auto out = Render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}");
   ASSERT_FALSE(out.ok());

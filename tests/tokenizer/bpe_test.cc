@@ -197,6 +197,23 @@ TEST(BpeModelTest, LookupsBothWays) {
   EXPECT_EQ(model->id_limit(), 6);
 }
 
+// Found by fuzz/fuzz_tokenizer_json.cc: one token with id 67108863 made a 150-byte
+// tokenizer.json allocate 2 GiB for the id → token table. Ids far past the vocabulary's size are
+// refused; a vocabulary with a few holes still loads.
+TEST(BpeModelTest, IdsFarPastTheVocabularyAreRefused) {
+  std::vector<std::pair<absl::string_view, int32_t>> sparse = {{"a", 0}, {"b", 67108863}};
+  absl::StatusOr<std::unique_ptr<BpeModel>> refused = BpeModel::Create(sparse, {}, BpeOptions{});
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_TRUE(Contains(refused.status().message(), "id 67108863 is far past the 2 tokens"))
+      << refused.status().message();
+
+  std::vector<std::pair<absl::string_view, int32_t>> holes = {{"a", 0}, {"b", 65536}};
+  absl::StatusOr<std::unique_ptr<BpeModel>> loaded = BpeModel::Create(holes, {}, BpeOptions{});
+  ASSERT_TRUE(loaded.ok()) << loaded.status();
+  EXPECT_EQ((*loaded)->id_limit(), 65537);
+}
+
 TEST(BpeModelTest, CachedResultsAreStableAcrossThreads) {
   auto model = Make({{{"a", 0}, {"b", 1}, {"ab", 2}, {"abab", 3}}, {{"a", "b"}, {"ab", "ab"}}});
   ASSERT_NE(model, nullptr);
