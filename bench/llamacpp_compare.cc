@@ -80,7 +80,6 @@ struct FormatRow {
   std::unique_ptr<PreparedModel> kiln_model;
   std::string kiln_unavailable;  // why kiln has no numbers for this row
   std::string llama_error;       // why llama.cpp has none (after the first failure)
-  double llama_tensor_bytes = 0;
   std::vector<double> kiln_prefill, kiln_decode, llama_prefill, llama_decode;
   // Each decode run's bytes × tokens/s ÷ the bandwidth measured at the start of its round.
   std::vector<double> kiln_roofline, llama_roofline;
@@ -451,7 +450,6 @@ int Main() {
         } else {
           row.llama_prefill.push_back(llama->throughput.prefill);
           row.llama_decode.push_back(llama->throughput.decode);
-          row.llama_tensor_bytes = llama->tensor_bytes;
           row.llama_roofline.push_back(llama->tensor_bytes * llama->throughput.decode / bandwidth);
         }
       }

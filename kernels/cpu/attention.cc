@@ -347,10 +347,4 @@ void CausalAttention(const AttentionShape& shape, const float* q, int64_t q_stri
   }
 }
 
-bool Avx512Supported() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-}
-
 }  // namespace kiln::cpu

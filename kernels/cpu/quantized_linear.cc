@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/host_memory.h"
 #include "kernels/dtype.h"
 
@@ -452,10 +453,8 @@ class QuantizedLinear final : public PackedLinear {
 }  // namespace
 
 bool QuantizedKernelSupported() {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-         __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") &&
-         __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("f16c");
+  return Avx512Supported() && __builtin_cpu_supports("avx512vnni") &&
+         __builtin_cpu_supports("f16c");
 }
 
 std::string QuantizedPackRefusal(const LinearPackSpec& spec) {

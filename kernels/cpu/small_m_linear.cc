@@ -8,10 +8,11 @@
 #include <cstring>
 #include <vector>
 
+#include "kernels/cpu/cpu_features.h"
+
 namespace kiln::cpu {
 namespace {
 
-#define KILN_AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq")))
 #define KILN_AVX512_BF16_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
@@ -214,9 +215,7 @@ void F32Padded(const float* x, int64_t m, int64_t k, int64_t k_padded, float* ou
 }  // namespace
 
 bool SmallMKernelSupported(DType dtype) {
-  __builtin_cpu_init();
-  const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-                      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
+  const bool avx512 = Avx512Supported();
   if (dtype == DType::kF32) return avx512;
   if (dtype == DType::kBF16) return avx512 && __builtin_cpu_supports("avx512bf16");
   return false;

@@ -4,12 +4,9 @@
 
 #include <immintrin.h>
 
-#define KILN_AVX512_TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
+#include "kernels/cpu/cpu_features.h"
 
 namespace kiln::cpu {
-
-// Whether this CPU has AVX-512 F, DQ, BW and VL.
-bool Avx512Supported();
 
 // e^x in each lane, within 2 ulp of the exact value for results above FLT_MIN (Cody–Waite
 // reduction by ln 2, a degree-7 polynomial, then 2ⁿ by vscalefps). NaN stays NaN, −inf gives 0,
