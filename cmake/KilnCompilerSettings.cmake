@@ -21,4 +21,25 @@ if(KILN_SANITIZE)
                                                  -fno-sanitize-recover=undefined)
   target_link_options(kiln_options INTERFACE -fsanitize=address,undefined)
 endif()
+if(KILN_SANITIZE_THREAD)
+  if(KILN_SANITIZE)
+    message(FATAL_ERROR "KILN_SANITIZE and KILN_SANITIZE_THREAD cannot be combined")
+  endif()
+  # -Wno-tsan: GCC warns that TSan does not model atomic_thread_fence (used by libstdc++ and
+  # Boost.Asio headers); the fences are not kiln's.
+  target_compile_options(kiln_options INTERFACE -fsanitize=thread -fno-omit-frame-pointer -Wno-tsan)
+  target_link_options(kiln_options INTERFACE -fsanitize=thread)
+  # Debian's abseil is not instrumented: base/tsan_absl_sync.cc tells TSan what its locks do.
+  # Executables link it (kiln_tsan_sync_for), so that its definitions come first.
+  add_library(kiln_tsan_absl_sync OBJECT ${PROJECT_SOURCE_DIR}/base/tsan_absl_sync.cc)
+  target_compile_options(kiln_tsan_absl_sync PRIVATE -fsanitize=thread)
+endif()
+function(kiln_tsan_sync_for target)
+  if(KILN_SANITIZE_THREAD)
+    target_sources(${target} PRIVATE $<TARGET_OBJECTS:kiln_tsan_absl_sync>)
+    target_link_libraries(${target} PRIVATE ${CMAKE_DL_LIBS})
+    # Exported, so that abseil's and gRPC's own calls reach them too.
+    set_target_properties(${target} PROPERTIES ENABLE_EXPORTS ON)
+  endif()
+endfunction()
 target_include_directories(kiln_options INTERFACE ${PROJECT_SOURCE_DIR})

@@ -163,7 +163,8 @@ absl::StatusOr<uint64_t> Engine::Submit(GenerationRequest request, UpdateCallbac
                                                   sequence->request.stopping.max_tokens);
   sequence->submitted = Clock::now();
   absl::MutexLock lock(&mutex_);
-  if (!accepting_) return absl::FailedPreconditionError("the model is shutting down");
+  // Unavailable: an unload raced this request past the registry; a client may retry.
+  if (!accepting_) return absl::UnavailableError("the model is shutting down");
   if (static_cast<int32_t>(waiting_.size()) >= options_.max_queued) {
     return absl::ResourceExhaustedError(absl::StrCat("the queue of this model is full (",
                                                      options_.max_queued, " waiting requests)"));
@@ -183,12 +184,13 @@ void Engine::Cancel(uint64_t request_id) {
   cancelled_.push_back(request_id);
 }
 
-void Engine::Shutdown(bool drain) {
+void Engine::Shutdown(bool drain, absl::Status reason) {
   {
     absl::MutexLock lock(&mutex_);
     accepting_ = false;
     stop_ = true;
     drain_ = drain_ && drain;
+    if (stop_reason_.ok()) stop_reason_ = std::move(reason);
   }
   if (thread_.joinable()) thread_.join();
 }
@@ -271,10 +273,12 @@ void Engine::HandleCancellations() {
   std::vector<std::unique_ptr<Sequence>> cancelled_waiting;
   std::vector<uint64_t> cancelled;
   bool cancel_all = false;
+  absl::Status stop_reason;
   {
     absl::MutexLock lock(&mutex_);
     cancelled.swap(cancelled_);
     cancel_all = stop_ && !drain_;
+    stop_reason = stop_reason_;
     for (auto it = waiting_.begin(); it != waiting_.end();) {
       if (cancel_all ||
           std::find(cancelled.begin(), cancelled.end(), (*it)->id) != cancelled.end()) {
@@ -286,11 +290,17 @@ void Engine::HandleCancellations() {
     }
     stats_.waiting = static_cast<int32_t>(waiting_.size());
   }
-  for (auto& sequence : cancelled_waiting) Finish(*sequence, FinishReason::kCancelled, {});
+  // A sequence the client cancelled ends plainly; one the shutdown cancelled hears why.
+  const auto finish_cancelled = [&](Sequence& sequence) {
+    const bool by_client =
+        std::find(cancelled.begin(), cancelled.end(), sequence.id) != cancelled.end();
+    Finish(sequence, FinishReason::kCancelled, by_client ? absl::OkStatus() : stop_reason);
+  };
+  for (auto& sequence : cancelled_waiting) finish_cancelled(*sequence);
   for (auto& sequence : running_) {
     if (cancel_all ||
         std::find(cancelled.begin(), cancelled.end(), sequence->id) != cancelled.end()) {
-      Finish(*sequence, FinishReason::kCancelled, {});
+      finish_cancelled(*sequence);
     }
   }
   std::erase_if(running_, [](const auto& sequence) { return sequence->finished; });

@@ -138,14 +138,16 @@ class Engine {
   Engine& operator=(const Engine&) = delete;
 
   // Queues a request. InvalidArgument names a bad field; ResourceExhausted when the queue is
-  // full; FailedPrecondition after Shutdown. Returns the request's id.
+  // full; Unavailable after Shutdown. Returns the request's id.
   absl::StatusOr<uint64_t> Submit(GenerationRequest request, UpdateCallback on_update);
   // The request's stream ends with FinishReason::kCancelled within one step. Unknown ids are
   // ignored (the request may have finished already).
   void Cancel(uint64_t request_id);
   // Refuses new requests; `drain` lets running and queued ones finish, otherwise they are
-  // cancelled. Returns when the loop has stopped.
-  void Shutdown(bool drain);
+  // cancelled: they end with FinishReason::kCancelled, or with `reason` as their error when it
+  // is not OK (what a client should hear, e.g. that the server is shutting down). Returns when
+  // the loop has stopped.
+  void Shutdown(bool drain, absl::Status reason = absl::OkStatus());
 
   EngineStats stats() const;
   const PreparedModel& model() const { return *model_; }
@@ -203,6 +205,7 @@ class Engine {
   bool accepting_ ABSL_GUARDED_BY(mutex_) = true;
   bool stop_ ABSL_GUARDED_BY(mutex_) = false;
   bool drain_ ABSL_GUARDED_BY(mutex_) = true;
+  absl::Status stop_reason_ ABSL_GUARDED_BY(mutex_);  // what cancelled sequences end with
   uint64_t next_id_ ABSL_GUARDED_BY(mutex_) = 1;
   EngineStats stats_ ABSL_GUARDED_BY(mutex_);
 

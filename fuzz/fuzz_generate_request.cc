@@ -37,6 +37,7 @@ kiln::ModelSnapshot LoadSnapshotOrDie() {
   snapshot.state = kiln::ModelState::kReady;
   snapshot.model = *std::move(model);
   snapshot.tokenizer = *std::move(tokenizer);
+  snapshot.max_context = 4096;
   return snapshot;
 }
 
@@ -47,7 +48,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   kiln::v1::GenerateRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
   absl::StatusOr<kiln::GenerationRequest> converted =
-      kiln::ToGenerationRequest(request, snapshot, kiln::GenerateDefaults{});
+      kiln::ToGenerationRequest(request, snapshot, kiln::GenerateDefaults{}, kiln::RequestLimits{});
   if (!converted.ok()) return 0;
   (void)kiln::ValidateSamplingParams(converted->sampling);
   return 0;

@@ -131,7 +131,7 @@ class HttpExchange final : public ResponseStream {
 class HttpSession : public std::enable_shared_from_this<HttpSession> {
  public:
   HttpSession(std::shared_ptr<HttpServer::Core> core, tcp::socket socket)
-      : core_(std::move(core)), stream_(std::move(socket)) {
+      : core_(std::move(core)), stream_(std::move(socket)), body_timer_(stream_.get_executor()) {
     core_->open_connections.fetch_add(1);
   }
   ~HttpSession() {
@@ -192,13 +192,31 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     ReadBody();
   }
 
+  // The body has read_timeout from the end of the header; a client that stalls past it is
+  // answered 408 (beast's own timeout would close the socket before an answer could go out).
   void ReadBody() {
-    http::async_read(
-        stream_, buffer_, *parser_,
-        [self = shared_from_this()](beast::error_code error, size_t) { self->OnRequest(error); });
+    stream_.expires_never();
+    body_timer_.expires_after(absl::ToChronoNanoseconds(core_->options.read_timeout));
+    body_timer_.async_wait([self = shared_from_this()](beast::error_code error) {
+      if (error || self->closed_ || self->parser_ == std::nullopt) return;
+      self->body_timed_out_ = true;
+      beast::error_code ignored;
+      self->stream_.socket().cancel(ignored);
+    });
+    http::async_read(stream_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code error, size_t) {
+                       self->body_timer_.cancel();
+                       self->OnRequest(error);
+                     });
   }
 
   void OnReadError(beast::error_code error) {
+    if (std::exchange(body_timed_out_, false)) {
+      return AnswerAndClose(
+          408, absl::StrCat("the request body did not arrive within this server's read timeout of ",
+                            absl::FormatDuration(core_->options.read_timeout),
+                            Setting(core_->options.read_timeout_setting)));
+    }
     if (error == http::error::end_of_stream || error == net::error::eof ||
         error == beast::error::timeout || error == net::error::operation_aborted ||
         error == net::error::connection_reset) {
@@ -207,14 +225,23 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
     // A malformed or oversized request gets an answer before the connection closes.
     const bool too_large = error == http::error::body_limit || error == http::error::header_limit;
     std::string message =
-        too_large
-            ? absl::StrCat("the request is larger than this server accepts (",
-                           error == http::error::body_limit
-                               ? absl::StrCat(core_->options.max_body_bytes, "-byte body")
-                               : absl::StrCat(core_->options.max_header_bytes, "-byte header"),
-                           " limit)")
-            : absl::StrCat("malformed HTTP request: ", error.message());
-    const int status = too_large ? 413 : 400;
+        too_large ? absl::StrCat(
+                        "the request is larger than this server accepts (",
+                        error == http::error::body_limit
+                            ? absl::StrCat(core_->options.max_body_bytes, "-byte body limit",
+                                           Setting(core_->options.max_body_setting))
+                            : absl::StrCat(core_->options.max_header_bytes, "-byte header limit"),
+                        ")")
+                  : absl::StrCat("malformed HTTP request: ", error.message());
+    AnswerAndClose(too_large ? 413 : 400, message);
+  }
+
+  static std::string Setting(const std::string& name) {
+    return name.empty() ? "" : absl::StrCat(", ", name);
+  }
+
+  // An error answer to a request that could not be read; the connection closes after it.
+  void AnswerAndClose(int status, const std::string& message) {
     std::string body =
         absl::StrCat(R"({"error":{"message":")", message,
                      R"(","type":"invalid_request_error","param":null,"code":)", status, "}}");
@@ -363,6 +390,8 @@ class HttpSession : public std::enable_shared_from_this<HttpSession> {
   bool resume_after_watch_ = false;
   bool keep_alive_ = true;
   bool http10_ = false;
+  net::steady_timer body_timer_;
+  bool body_timed_out_ = false;
 };
 
 HttpExchange::~HttpExchange() {

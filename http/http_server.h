@@ -67,6 +67,13 @@ struct HttpServerOptions {
   // A connection that sends no (complete) request header for this long is closed; so is one
   // whose client does not take a response's bytes for this long.
   absl::Duration idle_timeout = absl::Seconds(60);
+  // A request whose body has not fully arrived this long after its header is answered 408 and
+  // its connection closed, so that a slow client cannot hold a connection's reader.
+  absl::Duration read_timeout = absl::Seconds(30);
+  // What sets max_body_bytes and read_timeout ("--max-request-bytes"), named in the 413 and 408
+  // answers; empty: nothing is named.
+  std::string max_body_setting;
+  std::string read_timeout_setting;
   int max_connections = 8192;  // more are closed as soon as they are accepted
 };
 

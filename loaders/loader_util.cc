@@ -17,12 +17,20 @@ namespace {
 
 std::string ErrnoText(int err) { return strerror(err); }
 
+// A full disk or quota is ResourceExhausted: the caller may free space and retry.
+absl::Status WriteError(int error, absl::string_view what) {
+  const std::string message = absl::StrCat(what, ": ", ErrnoText(error));
+  return error == ENOSPC || error == EDQUOT || error == EFBIG
+             ? absl::ResourceExhaustedError(message)
+             : absl::InternalError(message);
+}
+
 absl::Status WriteAll(int fd, std::span<const std::byte> bytes, const std::string& path) {
   while (!bytes.empty()) {
     ssize_t n = ::write(fd, bytes.data(), bytes.size());
     if (n < 0) {
       if (errno == EINTR) continue;
-      return absl::InternalError(absl::StrCat("cannot write ", path, ": ", ErrnoText(errno)));
+      return WriteError(errno, absl::StrCat("cannot write ", path));
     }
     bytes = bytes.subspan(static_cast<size_t>(n));
   }
@@ -109,12 +117,11 @@ absl::Status WriteFileAtomically(const std::filesystem::path& path,
   for (std::span<const std::byte> piece : pieces) {
     if (absl::Status status = WriteAll(fd, piece, tmp); !status.ok()) return fail(status);
   }
-  if (::fsync(fd) != 0) {
-    return fail(absl::InternalError(absl::StrCat("cannot fsync ", tmp, ": ", ErrnoText(errno))));
-  }
+  if (::fsync(fd) != 0) return fail(WriteError(errno, absl::StrCat("cannot fsync ", tmp)));
   if (::close(fd) != 0) {
+    const int error = errno;
     ::unlink(tmp.c_str());
-    return absl::InternalError(absl::StrCat("cannot close ", tmp, ": ", ErrnoText(errno)));
+    return WriteError(error, absl::StrCat("cannot close ", tmp));
   }
   if (::rename(tmp.c_str(), path.c_str()) != 0) {
     int err = errno;

@@ -1,10 +1,12 @@
 #include "server/generate_convert.h"
 
+#include <algorithm>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 
 namespace kiln {
 namespace {
@@ -41,7 +43,12 @@ void FillLogprob(const Tokenizer* tokenizer, int32_t id, float logprob, v1::Toke
 
 absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest& request,
                                                       const ModelSnapshot& model,
-                                                      const GenerateDefaults& defaults) {
+                                                      const GenerateDefaults& defaults,
+                                                      const RequestLimits& limits) {
+  if (model.model == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("model '", request.model(), "' is not ready to generate"));
+  }
   GenerationRequest out;
   switch (request.prompt_input_case()) {
     case v1::GenerateRequest::kPrompt: {
@@ -87,10 +94,26 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
     return absl::InvalidArgumentError(absl::StrCat("stopping.max_tokens must not be negative (got ",
                                                    stopping.max_tokens(), "; 0 = the default)"));
   }
-  out.stopping.max_tokens =
-      stopping.max_tokens() == 0 ? defaults.max_tokens : stopping.max_tokens();
+  // As vLLM: an explicit max_tokens must fit in the context; the default takes what is left.
+  const int64_t prompt_size = static_cast<int64_t>(out.prompt.size());
+  const int64_t room = model.max_context - prompt_size;
+  if (room < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prompt: this model's maximum context length is ", model.max_context,
+                     " tokens, but the prompt has ", prompt_size, " tokens"));
+  }
+  if (stopping.max_tokens() > room) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "stopping.max_tokens: this model's maximum context length is ", model.max_context,
+        " tokens, but the request asks for ", prompt_size + stopping.max_tokens(), " (",
+        prompt_size, " in the prompt, ", stopping.max_tokens(), " to generate)"));
+  }
+  out.stopping.max_tokens = stopping.max_tokens() == 0
+                                ? static_cast<int32_t>(std::min<int64_t>(defaults.max_tokens, room))
+                                : stopping.max_tokens();
   out.stopping.stop.assign(stopping.stop().begin(), stopping.stop().end());
-  const int64_t vocab = model.model != nullptr ? model.model->config().vocab_size : 0;
+  KILN_RETURN_IF_ERROR(CheckStopStrings(out.stopping.stop, "stopping.stop", limits));
+  const int64_t vocab = model.model->config().vocab_size;
   for (int32_t id : stopping.stop_token_ids()) {
     if (id < 0 || id >= vocab) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -100,6 +123,7 @@ absl::StatusOr<GenerationRequest> ToGenerationRequest(const v1::GenerateRequest&
   out.stopping.stop_token_ids.assign(stopping.stop_token_ids().begin(),
                                      stopping.stop_token_ids().end());
   out.stopping.ignore_eos = stopping.ignore_eos();
+  KILN_RETURN_IF_ERROR(CheckLogprobs(request.logprobs(), "logprobs", limits));
   out.logprobs = request.logprobs();
 
   // Unset `speculative`: the server's default (for models with MTP heads); 0: off.

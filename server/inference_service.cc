@@ -86,7 +86,7 @@ absl::Status InferenceService::DoGenerate(grpc::ServerContext* context,
   KILN_ASSIGN_OR_RETURN(ModelSnapshot model, registry_->GetReady(request.model()));
   recorder.OnModel(request.model());
   KILN_ASSIGN_OR_RETURN(GenerationRequest generation,
-                        ToGenerationRequest(request, model, options_.defaults));
+                        ToGenerationRequest(request, model, options_.defaults, options_.limits));
   const int64_t prompt_tokens = static_cast<int64_t>(generation.prompt.size());
   auto queue = std::make_shared<UpdateQueue>();
   KILN_ASSIGN_OR_RETURN(const uint64_t id, model.engine->Submit(std::move(generation),
@@ -101,6 +101,10 @@ absl::Status InferenceService::DoGenerate(grpc::ServerContext* context,
     queue->Take(options_.cancel_poll, &updates);
     for (const GenerationUpdate& update : updates) {
       if (!update.status.ok()) return update.status;
+      if (streams_ended_.load(std::memory_order_acquire)) {
+        model.engine->Cancel(id);
+        return ended_reason();
+      }
       v1::GenerateResponse response;
       ToGenerateResponse(update, model.tokenizer.get(), &response);
       const bool last = update.finish != FinishReason::kNone;
@@ -119,6 +123,10 @@ absl::Status InferenceService::DoGenerate(grpc::ServerContext* context,
         return absl::OkStatus();
       }
     }
+    if (streams_ended_.load(std::memory_order_acquire)) {
+      model.engine->Cancel(id);
+      return ended_reason();
+    }
     if (context->IsCancelled()) {
       // The client cancelled or its deadline passed: stop generating; the engine frees the
       // sequence's KV cache within one step.
@@ -128,6 +136,19 @@ absl::Status InferenceService::DoGenerate(grpc::ServerContext* context,
       return absl::CancelledError("Generate: the call was cancelled or its deadline passed");
     }
   }
+}
+
+void InferenceService::EndStreams(absl::Status reason) {
+  {
+    absl::MutexLock lock(&ended_mutex_);
+    ended_reason_ = std::move(reason);
+  }
+  streams_ended_.store(true, std::memory_order_release);
+}
+
+absl::Status InferenceService::ended_reason() const {
+  absl::MutexLock lock(&ended_mutex_);
+  return ended_reason_;
 }
 
 absl::Status InferenceService::DoTokenize(const v1::TokenizeRequest& request,

@@ -81,6 +81,23 @@ ABSL_FLAG(std::vector<std::string>, chat_template, {},
 ABSL_FLAG(std::vector<std::string>, quantize, {},
           "MODE or NAME=MODE (none, int8 per output channel, int4 in groups of 32): weight "
           "quantization of every startup model or of model NAME; repeatable");
+ABSL_FLAG(int32_t, max_stop_strings, 16, "stop strings one request may set, at most");
+ABSL_FLAG(int32_t, max_stop_string_bytes, 512, "bytes of one stop string, at most");
+ABSL_FLAG(int32_t, max_choices, 16,
+          "HTTP API: choices one request may ask for (n, times the prompts of a completion), at "
+          "most; up to 128");
+ABSL_FLAG(int32_t, max_logprobs, 20,
+          "top log-probabilities per token a request may ask for (logprobs, top_logprobs), at "
+          "most; up to 20");
+ABSL_FLAG(int64_t, max_request_bytes, int64_t{8} << 20,
+          "bytes of one request, at most: an HTTP body (larger: 413) and a gRPC message (larger: "
+          "RESOURCE_EXHAUSTED)");
+ABSL_FLAG(absl::Duration, http_read_timeout, absl::Seconds(30),
+          "HTTP API: a request's body must arrive within this of its header (else 408 and the "
+          "connection closes), so that a slow client cannot hold a connection");
+ABSL_FLAG(absl::Duration, shutdown_grace, absl::Seconds(3),
+          "after SIGTERM or SIGINT, running requests may finish for this long; streams still "
+          "running then end with UNAVAILABLE (gRPC) or an error event (HTTP) saying why");
 ABSL_FLAG(absl::Duration, token_delay_for_testing, absl::ZeroDuration(),
           "for tests and benchmarks only: delay every streamed token by this long (e.g. 20ms), "
           "so that a load generator measures a known inter-token latency");
@@ -179,6 +196,13 @@ absl::StatusOr<ServerOptions> BuildOptions(int argc, char** argv) {
     options.api_key_file = absl::GetFlag(FLAGS_api_key_file);
   }
   options.token_delay_for_testing = absl::GetFlag(FLAGS_token_delay_for_testing);
+  options.limits.max_stop_strings = absl::GetFlag(FLAGS_max_stop_strings);
+  options.limits.max_stop_string_bytes = absl::GetFlag(FLAGS_max_stop_string_bytes);
+  options.limits.max_choices = absl::GetFlag(FLAGS_max_choices);
+  options.limits.max_logprobs = absl::GetFlag(FLAGS_max_logprobs);
+  options.limits.max_request_bytes = absl::GetFlag(FLAGS_max_request_bytes);
+  options.limits.http_read_timeout = absl::GetFlag(FLAGS_http_read_timeout);
+  options.shutdown_grace = absl::GetFlag(FLAGS_shutdown_grace);
   // Repeatable flags add to the config's lists (a --model replaces a config model of its name).
   options.model_roots.insert(options.model_roots.end(), all_roots.begin(), all_roots.end());
   for (const std::string& text : model_flags) {

@@ -1,6 +1,8 @@
 #include "server/openai_request.h"
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <limits>
 #include <utility>
 
@@ -14,6 +16,13 @@ namespace {
 using Json = nlohmann::ordered_json;
 
 constexpr double kNoLimit = 1e6;  // an upper bound that only keeps values finite
+// For integers whose upper bound a RequestLimits check gives, with its flag's name.
+constexpr int64_t kNoIntLimit = std::numeric_limits<int64_t>::max();
+constexpr int kMaxJsonDepth = 64;
+// OpenAI's roles (function: its deprecated form of tool). Others are refused: a role is written
+// into the prompt by the chat template, next to its control tokens.
+constexpr absl::string_view kRoles[] = {"system",    "developer", "user",
+                                        "assistant", "tool",      "function"};
 
 absl::string_view TypeName(const Json& value) {
   if (value.is_null()) return "null";
@@ -29,11 +38,35 @@ absl::Status TypeError(absl::string_view field, absl::string_view expected, cons
       absl::StrCat(field, ": expected ", expected, ", got ", TypeName(value)));
 }
 
-absl::StatusOr<Json> ParseObject(absl::string_view body) {
-  Json root = Json::parse(body.begin(), body.end(), nullptr, /*allow_exceptions=*/false);
-  if (root.is_discarded()) {
-    return absl::InvalidArgumentError("body: not valid JSON");
+// JSON text from the client, as `field`. Deeper values would only reach code that walks them
+// recursively (the chat template's values, serialization); OpenAI's own requests nest a few
+// levels.
+absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view field) {
+  int depth = 0;
+  const Json::parser_callback_t track_depth = [&depth](int level, Json::parse_event_t, Json&) {
+    depth = std::max(depth, level);
+    return true;
+  };
+  Json root;
+  try {
+    root = Json::parse(text.begin(), text.end(), track_depth);
+  } catch (const Json::exception& e) {
+    // "[json.exception.parse_error.101] parse error at line 1, column 5: ..." without the tag.
+    absl::string_view reason = e.what();
+    if (const size_t tag_end = reason.find("] "); tag_end != absl::string_view::npos) {
+      reason.remove_prefix(tag_end + 2);
+    }
+    return absl::InvalidArgumentError(absl::StrCat(field, ": not valid JSON (", reason, ")"));
   }
+  if (depth > kMaxJsonDepth) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": JSON nested ", depth, " levels deep, more than this server's ", kMaxJsonDepth));
+  }
+  return root;
+}
+
+absl::StatusOr<Json> ParseObject(absl::string_view body) {
+  KILN_ASSIGN_OR_RETURN(Json root, ParseJson(body, "body"));
   if (!root.is_object()) return TypeError("body", "a JSON object", root);
   return root;
 }
@@ -80,7 +113,8 @@ absl::StatusOr<std::optional<int64_t>> OptionalInt(const Json& value, absl::stri
   }
   if (x < min || x > max) {
     return absl::InvalidArgumentError(
-        absl::StrCat(name, ": must be in [", min, ", ", max, "], got ", x));
+        max == kNoIntLimit ? absl::StrCat(name, ": must be at least ", min, ", got ", x)
+                           : absl::StrCat(name, ": must be in [", min, ", ", max, "], got ", x));
   }
   return x;
 }
@@ -153,7 +187,7 @@ absl::Status RefuseUnsupported(const Json& root) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<OpenAiSampling> ParseSampling(const Json& root) {
+absl::StatusOr<OpenAiSampling> ParseSampling(const Json& root, const RequestLimits& limits) {
   KILN_RETURN_IF_ERROR(RefuseUnsupported(root));
   OpenAiSampling out;
   KILN_ASSIGN_OR_RETURN(out.model, RequiredModel(root));
@@ -207,18 +241,14 @@ absl::StatusOr<OpenAiSampling> ParseSampling(const Json& root) {
   } else if (!stop.is_null()) {
     return TypeError("stop", "a string or an array of strings", stop);
   }
-  for (size_t i = 0; i < out.stop.size(); ++i) {
-    if (out.stop[i].empty()) {
-      return absl::InvalidArgumentError(absl::StrCat("stop[", i, "]: must not be empty"));
-    }
-  }
+  KILN_RETURN_IF_ERROR(CheckStopStrings(out.stop, "stop", limits));
   if (const Json& ids = Field(root, "stop_token_ids"); !ids.is_null()) {
     KILN_ASSIGN_OR_RETURN(out.stop_token_ids, TokenIds(ids, "stop_token_ids"));
   }
   KILN_ASSIGN_OR_RETURN(std::optional<bool> ignore_eos, OptionalBool(root, "ignore_eos"));
   out.ignore_eos = ignore_eos.value_or(false);
-  KILN_ASSIGN_OR_RETURN(std::optional<int64_t> n,
-                        OptionalIntField(root, "n", 1, kMaxChoicesPerRequest));
+  KILN_ASSIGN_OR_RETURN(std::optional<int64_t> n, OptionalIntField(root, "n", 1, kNoIntLimit));
+  KILN_RETURN_IF_ERROR(CheckChoices(n.value_or(1), absl::StrCat("n = ", n.value_or(1)), limits));
   out.n = static_cast<int32_t>(n.value_or(1));
 
   KILN_ASSIGN_OR_RETURN(std::optional<bool> stream, OptionalBool(root, "stream"));
@@ -274,6 +304,13 @@ absl::StatusOr<Json> ParseMessages(const Json& messages) {
     if (!role.is_string() || role.get<std::string>().empty()) {
       return TypeError(absl::StrCat(field, ".role"), "a role string", role);
     }
+    if (std::find(std::begin(kRoles), std::end(kRoles), role.get<std::string>()) ==
+        std::end(kRoles)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(field, ".role: ", Json(role).dump(),
+                       " is not one of system, developer, user, assistant, "
+                       "tool, function"));
+    }
     Json copy = message;
     KILN_ASSIGN_OR_RETURN(copy["content"], MessageContent(Field(message, "content"),
                                                           absl::StrCat(field, ".content")));
@@ -292,11 +329,9 @@ absl::StatusOr<Json> ParseMessages(const Json& messages) {
         // the JSON string encodes, as vLLM and transformers give them.
         const Json& arguments = Field(function, "arguments");
         if (arguments.is_string()) {
-          Json parsed = Json::parse(arguments.get<std::string>(), nullptr, false);
-          if (parsed.is_discarded()) {
-            return absl::InvalidArgumentError(
-                absl::StrCat(call_field, ".function.arguments: not valid JSON"));
-          }
+          KILN_ASSIGN_OR_RETURN(Json parsed,
+                                ParseJson(arguments.get<std::string>(),
+                                          absl::StrCat(call_field, ".function.arguments")));
           copy["tool_calls"][j]["function"]["arguments"] = std::move(parsed);
         }
       }
@@ -306,15 +341,17 @@ absl::StatusOr<Json> ParseMessages(const Json& messages) {
   return out;
 }
 
-absl::StatusOr<ChatCompletionRequest> ParseChat(const Json& root, bool needs_sampling) {
+absl::StatusOr<ChatCompletionRequest> ParseChat(const Json& root, bool needs_sampling,
+                                                const RequestLimits& limits) {
   ChatCompletionRequest out;
   if (needs_sampling) {
-    KILN_ASSIGN_OR_RETURN(out.common, ParseSampling(root));
+    KILN_ASSIGN_OR_RETURN(out.common, ParseSampling(root, limits));
     // Chat's logprobs is a switch; top_logprobs the count.
     KILN_ASSIGN_OR_RETURN(std::optional<bool> logprobs, OptionalBool(root, "logprobs"));
     out.common.logprobs = logprobs.value_or(false);
     KILN_ASSIGN_OR_RETURN(std::optional<int64_t> top,
-                          OptionalIntField(root, "top_logprobs", 0, 20));
+                          OptionalIntField(root, "top_logprobs", 0, kNoIntLimit));
+    if (top.has_value()) KILN_RETURN_IF_ERROR(CheckLogprobs(*top, "top_logprobs", limits));
     if (top.has_value() && *top > 0 && !out.common.logprobs) {
       return absl::InvalidArgumentError("top_logprobs: needs logprobs set to true");
     }
@@ -353,18 +390,22 @@ absl::StatusOr<ChatCompletionRequest> ParseChat(const Json& root, bool needs_sam
 
 }  // namespace
 
-absl::StatusOr<ChatCompletionRequest> ParseChatCompletionRequest(absl::string_view body) {
+absl::StatusOr<ChatCompletionRequest> ParseChatCompletionRequest(absl::string_view body,
+                                                                 const RequestLimits& limits) {
   KILN_ASSIGN_OR_RETURN(const Json root, ParseObject(body));
-  return ParseChat(root, /*needs_sampling=*/true);
+  return ParseChat(root, /*needs_sampling=*/true, limits);
 }
 
-absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body) {
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body,
+                                                         const RequestLimits& limits) {
   KILN_ASSIGN_OR_RETURN(const Json root, ParseObject(body));
   CompletionRequest out;
-  KILN_ASSIGN_OR_RETURN(out.common, ParseSampling(root));
+  KILN_ASSIGN_OR_RETURN(out.common, ParseSampling(root, limits));
   // OpenAI's default for completions (vLLM's too); chat defaults to the rest of the context.
   if (!out.common.max_tokens.has_value()) out.common.max_tokens = 16;
-  KILN_ASSIGN_OR_RETURN(std::optional<int64_t> logprobs, OptionalIntField(root, "logprobs", 0, 20));
+  KILN_ASSIGN_OR_RETURN(std::optional<int64_t> logprobs,
+                        OptionalIntField(root, "logprobs", 0, kNoIntLimit));
+  if (logprobs.has_value()) KILN_RETURN_IF_ERROR(CheckLogprobs(*logprobs, "logprobs", limits));
   out.common.logprobs = logprobs.has_value();
   out.common.top_logprobs = static_cast<int32_t>(logprobs.value_or(0));
   KILN_ASSIGN_OR_RETURN(std::optional<bool> echo, OptionalBool(root, "echo"));
@@ -376,7 +417,7 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
     return absl::InvalidArgumentError("suffix: not supported by this server");
   }
   KILN_ASSIGN_OR_RETURN(std::optional<int64_t> best_of,
-                        OptionalIntField(root, "best_of", 1, kMaxChoicesPerRequest));
+                        OptionalIntField(root, "best_of", 1, kNoIntLimit));
   if (best_of.has_value() && *best_of != out.common.n) {
     return absl::InvalidArgumentError("best_of: only best_of = n is supported");
   }
@@ -409,22 +450,21 @@ absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body)
                      "arrays",
                      prompt);
   }
-  if (static_cast<int64_t>(out.prompts.size()) * out.common.n > kMaxChoicesPerRequest) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("n: ", out.prompts.size(), " prompts x n = ", out.common.n,
-                     " asks for more than ", kMaxChoicesPerRequest, " choices"));
-  }
+  KILN_RETURN_IF_ERROR(
+      CheckChoices(static_cast<int64_t>(out.prompts.size()) * out.common.n,
+                   absl::StrCat(out.prompts.size(), " prompts x n = ", out.common.n), limits));
   return out;
 }
 
-absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body) {
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body,
+                                                     const RequestLimits& limits) {
   KILN_ASSIGN_OR_RETURN(const Json root, ParseObject(body));
   TokenizeRequest out;
   KILN_ASSIGN_OR_RETURN(out.model, RequiredModel(root));
   KILN_ASSIGN_OR_RETURN(std::optional<bool> token_strs, OptionalBool(root, "return_token_strs"));
   out.return_token_strs = token_strs.value_or(false);
   if (!Field(root, "messages").is_null()) {
-    KILN_ASSIGN_OR_RETURN(out.chat, ParseChat(root, /*needs_sampling=*/false));
+    KILN_ASSIGN_OR_RETURN(out.chat, ParseChat(root, /*needs_sampling=*/false, limits));
     out.add_special_tokens = out.chat->add_special_tokens;
     return out;
   }

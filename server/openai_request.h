@@ -16,6 +16,7 @@
 #include "absl/strings/string_view.h"
 #include "engine/sampling.h"
 #include "nlohmann/json.hpp"
+#include "server/request_limits.h"
 
 namespace kiln {
 
@@ -69,13 +70,14 @@ struct DetokenizeRequest {
   std::vector<int32_t> tokens;
 };
 
-// The choices one request may ask for (prompts × n), at most.
-inline constexpr int64_t kMaxChoicesPerRequest = 128;
-
-// `body` is the raw request body; it must be a JSON object.
-absl::StatusOr<ChatCompletionRequest> ParseChatCompletionRequest(absl::string_view body);
-absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body);
-absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body);
+// `body` is the raw request body; it must be a JSON object. `limits` bound stop strings,
+// choices (prompts × n) and logprobs (default: the server's defaults).
+absl::StatusOr<ChatCompletionRequest> ParseChatCompletionRequest(absl::string_view body,
+                                                                 const RequestLimits& limits = {});
+absl::StatusOr<CompletionRequest> ParseCompletionRequest(absl::string_view body,
+                                                         const RequestLimits& limits = {});
+absl::StatusOr<TokenizeRequest> ParseTokenizeRequest(absl::string_view body,
+                                                     const RequestLimits& limits = {});
 absl::StatusOr<DetokenizeRequest> ParseDetokenizeRequest(absl::string_view body);
 
 }  // namespace kiln

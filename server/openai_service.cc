@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
@@ -35,6 +36,17 @@ HttpResponse JsonResponse(const Json& body, int status = 200) {
 }
 
 int64_t UnixNow() { return static_cast<int64_t>(std::time(nullptr)); }
+
+// No Content-Type (as curl --data-binary sends with -H "Content-Type:") or a JSON one
+// (application/json, application/*+json), parameters aside.
+bool JsonContentType(const HttpRequest& request) {
+  absl::string_view type = request.Header("content-type");
+  type = absl::StripAsciiWhitespace(type.substr(0, type.find(';')));
+  if (type.empty()) return true;
+  const std::string lower = absl::AsciiStrToLower(type);
+  return lower == "application/json" ||
+         (absl::StartsWith(lower, "application/") && absl::EndsWith(lower, "+json"));
+}
 
 // A READY model, or: NotFound (unknown), Unavailable (loading, unloading, failed).
 absl::StatusOr<ModelSnapshot> ReadyModel(const ModelRegistry& registry, const std::string& name) {
@@ -134,15 +146,16 @@ absl::StatusOr<std::vector<int32_t>> CompletionPromptIds(const CompletionPrompt&
 
 // One choice's engine request. Unset max_tokens: the rest of the context (vLLM's rule); a
 // request that cannot fit is refused as vLLM refuses it.
-absl::StatusOr<GenerationRequest> EngineRequest(const OpenAiSampling& sampling,
+absl::StatusOr<GenerationRequest> EngineRequest(OpenAiApi api, const OpenAiSampling& sampling,
                                                 std::vector<int32_t> prompt,
                                                 const ModelSnapshot& model, int64_t choice) {
   const int64_t context = model.max_context;
   const int64_t prompt_size = static_cast<int64_t>(prompt.size());
   if (prompt_size >= context) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("messages: this model's maximum context length is ", context,
-                     " tokens, but the prompt has ", prompt_size, " tokens"));
+    return absl::InvalidArgumentError(absl::StrCat(api == OpenAiApi::kChat ? "messages" : "prompt",
+                                                   ": this model's maximum context length is ",
+                                                   context, " tokens, but the prompt has ",
+                                                   prompt_size, " tokens"));
   }
   if (sampling.max_tokens.has_value() && prompt_size + *sampling.max_tokens > context) {
     return absl::InvalidArgumentError(
@@ -195,7 +208,7 @@ absl::StatusOr<OpenAiGeneration> MakeGeneration(OpenAiApi api, const OpenAiSampl
     for (int32_t j = 0; j < sampling.n; ++j) {
       const int64_t choice = static_cast<int64_t>(generation.choices.size());
       KILN_ASSIGN_OR_RETURN(GenerationRequest request,
-                            EngineRequest(sampling, prompts[p], model, choice));
+                            EngineRequest(api, sampling, prompts[p], model, choice));
       generation.choices.push_back(std::move(request));
       generation.prompt_of_choice.push_back(static_cast<int>(p));
     }
@@ -269,6 +282,15 @@ void OpenAiService::Handle(HttpRequest request, std::shared_ptr<ResponseStream> 
       return;
     }
   }
+  // A JSON body must say so: a web page can send text/plain or a form to a local server
+  // without asking first (FastAPI, and so vLLM, refuse such bodies too).
+  if (post && !JsonContentType(request)) {
+    response->Respond(ErrorResponse(
+        absl::InvalidArgumentError(absl::StrCat("Content-Type: expected application/json, got ",
+                                                request.Header("content-type"))),
+        415));
+    return;
+  }
   if (path == "/v1/chat/completions") {
     if (route(post)) ChatCompletions(request, std::move(response));
     return;
@@ -303,7 +325,8 @@ void OpenAiService::ChatCompletions(const HttpRequest& request,
                                     std::shared_ptr<ResponseStream> response) {
   Answer("chat completion", response, [&]() -> absl::Status {
     if (!serving_.load()) return absl::UnavailableError("the server is shutting down");
-    KILN_ASSIGN_OR_RETURN(ChatCompletionRequest chat, ParseChatCompletionRequest(request.body));
+    KILN_ASSIGN_OR_RETURN(ChatCompletionRequest chat,
+                          ParseChatCompletionRequest(request.body, options_.limits));
     KILN_ASSIGN_OR_RETURN(ModelSnapshot model, ReadyModel(*registry_, chat.common.model));
     KILN_ASSIGN_OR_RETURN(std::vector<int32_t> prompt, ChatPrompt(chat, model));
     std::vector<std::vector<int32_t>> prompts;
@@ -319,7 +342,8 @@ void OpenAiService::Completions(const HttpRequest& request,
                                 std::shared_ptr<ResponseStream> response) {
   Answer("completion", response, [&]() -> absl::Status {
     if (!serving_.load()) return absl::UnavailableError("the server is shutting down");
-    KILN_ASSIGN_OR_RETURN(CompletionRequest completion, ParseCompletionRequest(request.body));
+    KILN_ASSIGN_OR_RETURN(CompletionRequest completion,
+                          ParseCompletionRequest(request.body, options_.limits));
     KILN_ASSIGN_OR_RETURN(ModelSnapshot model, ReadyModel(*registry_, completion.common.model));
     std::vector<std::vector<int32_t>> prompts;
     for (size_t i = 0; i < completion.prompts.size(); ++i) {
@@ -377,7 +401,8 @@ HttpResponse OpenAiService::Model(const std::string& name) const {
 void OpenAiService::Tokenize(const HttpRequest& request,
                              const std::shared_ptr<ResponseStream>& response) const {
   Answer("tokenize", response, [&]() -> absl::Status {
-    KILN_ASSIGN_OR_RETURN(TokenizeRequest tokenize, ParseTokenizeRequest(request.body));
+    KILN_ASSIGN_OR_RETURN(TokenizeRequest tokenize,
+                          ParseTokenizeRequest(request.body, options_.limits));
     KILN_ASSIGN_OR_RETURN(ModelSnapshot model, ReadyModel(*registry_, tokenize.model));
     KILN_RETURN_IF_ERROR(RequireTokenizer(model, "/tokenize"));
     std::vector<int32_t> ids;

@@ -13,6 +13,7 @@
 #include "http/http_server.h"
 #include "server/metrics.h"
 #include "server/registry.h"
+#include "server/request_limits.h"
 
 namespace kiln {
 
@@ -21,6 +22,7 @@ struct OpenAiServiceOptions {
   std::string api_key;
   // Where generations are recorded (protocol="http"); null: nowhere. Must outlive the service.
   ServerMetrics* metrics = nullptr;
+  RequestLimits limits;
 };
 
 class OpenAiService {

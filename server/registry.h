@@ -104,8 +104,9 @@ class ModelRegistry {
   absl::StatusOr<TensorizeResult> Tensorize(const std::string& name, const std::string& output_path,
                                             const std::string& dtype, bool overwrite) const;
 
-  // Refuses further loads and stops every engine (in-flight requests end CANCELLED).
-  void Shutdown();
+  // Refuses further loads and stops every engine: in-flight requests end CANCELLED, or with
+  // `reason` as their error when it is not OK.
+  void Shutdown(absl::Status reason = absl::OkStatus());
 
   const ModelRoots& roots() const { return roots_; }
 

@@ -2,10 +2,12 @@
 
 #include <fstream>
 #include <iterator>
+#include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/notification.h"
 #include "absl/time/clock.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
@@ -16,6 +18,7 @@
 #include "grpcpp/server_builder.h"
 #include "http/http_server.h"
 #include "server/auth.h"
+#include "server/grpc_parse_errors.h"
 #include "server/inference_service.h"
 #include "server/metrics.h"
 #include "server/models_service.h"
@@ -23,6 +26,9 @@
 
 namespace kiln {
 namespace {
+
+// After the shutdown grace: how long ended streams have to write their last message.
+constexpr absl::Duration kShutdownFinalWrites = absl::Seconds(2);
 
 absl::StatusOr<std::string> ReadFile(const std::string& path, absl::string_view what) {
   std::ifstream in(path, std::ios::binary);
@@ -76,7 +82,10 @@ absl::Status ValidateOptions(const ServerOptions& options) {
   if (options.token_delay_for_testing < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("token_delay_for_testing must not be negative");
   }
-  return absl::OkStatus();
+  if (options.shutdown_grace < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError("shutdown_grace must not be negative");
+  }
+  return ValidateRequestLimits(options.limits);
 }
 
 }  // namespace
@@ -137,6 +146,7 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(ServerOptions options
   inference_options.cancel_poll = options.cancel_poll;
   inference_options.metrics = server->metrics_.get();
   inference_options.token_delay_for_testing = options.token_delay_for_testing;
+  inference_options.limits = options.limits;
   server->inference_ =
       std::make_unique<InferenceService>(server->registry_.get(), inference_options);
   server->models_ = std::make_unique<ModelsService>(server->registry_.get(), admin_token);
@@ -156,6 +166,11 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(ServerOptions options
   builder.SetResourceQuota(quota);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MIN_POLLERS, 2);
   builder.SetSyncServerOption(grpc::ServerBuilder::SyncServerOption::MAX_POLLERS, 4);
+  // A larger message is refused by gRPC itself (RESOURCE_EXHAUSTED) before it is parsed.
+  builder.SetMaxReceiveMessageSize(static_cast<int>(options.limits.max_request_bytes));
+  std::vector<std::unique_ptr<grpc::experimental::ServerInterceptorFactoryInterface>> interceptors;
+  interceptors.push_back(MakeParseErrorInterceptorFactory());
+  builder.experimental().SetInterceptorCreators(std::move(interceptors));
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {
     server->registry_->Shutdown();
@@ -168,13 +183,21 @@ absl::StatusOr<std::unique_ptr<RunningServer>> StartServer(ServerOptions options
     OpenAiServiceOptions openai_options;
     openai_options.api_key = api_key;
     openai_options.metrics = server->metrics_.get();
+    openai_options.limits = options.limits;
     server->openai_ =
         std::make_unique<OpenAiService>(server->registry_.get(), std::move(openai_options));
     OpenAiService* openai = server->openai_.get();
+    HttpServerOptions http_options;
+    http_options.max_body_bytes = static_cast<size_t>(options.limits.max_request_bytes);
+    http_options.read_timeout = options.limits.http_read_timeout;
+    http_options.max_body_setting = "--max-request-bytes";
+    http_options.read_timeout_setting = "--http-read-timeout";
     absl::StatusOr<std::unique_ptr<HttpServer>> http = HttpServer::Start(
-        options.http_listen, [openai](HttpRequest request, std::shared_ptr<ResponseStream> out) {
+        options.http_listen,
+        [openai](HttpRequest request, std::shared_ptr<ResponseStream> out) {
           openai->Handle(std::move(request), std::move(out));
-        });
+        },
+        http_options);
     if (!http.ok()) return KilnAnnotate(http.status(), "http_listen");  // ~RunningServer stops
     server->http_ = *std::move(http);
     server->http_port_ = server->http_->port();
@@ -239,15 +262,28 @@ void RunningServer::Shutdown() {
   }
   if (openai_ != nullptr) openai_->StopServing();
   if (http_ != nullptr) http_->StopAccepting();
+  // gRPC refuses new calls from now on and waits for the running ones; so does HTTP below.
+  // Streams still running when the grace is over are ended by their engines with a reason the
+  // client sees (UNAVAILABLE; an error event on HTTP), and get a little longer to write it
+  // before gRPC cancels what is left.
   const absl::Time deadline = absl::Now() + shutdown_grace_;
-  server_->Shutdown(absl::ToChronoTime(deadline));
-  // HTTP requests still answering get what is left of the grace too.
+  absl::Notification grpc_drained;
+  std::thread grpc_shutdown([this, deadline, &grpc_drained] {
+    server_->Shutdown(absl::ToChronoTime(deadline + kShutdownFinalWrites));
+    grpc_drained.Notify();
+  });
+  grpc_drained.WaitForNotificationWithDeadline(deadline);
   while (http_ != nullptr && http_->active_requests() > 0 && absl::Now() < deadline) {
     absl::SleepFor(absl::Milliseconds(10));
   }
-  // Stopping the engines cancels what still runs: HTTP streams end with an error event.
-  registry_->Shutdown();
-  if (http_ != nullptr) http_->Shutdown(absl::Seconds(2));
+  const absl::Status ended = absl::UnavailableError(
+      absl::StrCat("kiln-server is shutting down: streams still running after the shutdown grace "
+                   "of ",
+                   absl::FormatDuration(shutdown_grace_), " (--shutdown-grace) are ended"));
+  inference_->EndStreams(ended);
+  registry_->Shutdown(ended);
+  grpc_shutdown.join();
+  if (http_ != nullptr) http_->Shutdown(kShutdownFinalWrites);
   metrics_http_.reset();  // frees its port
   LOG(INFO) << "shut down";
 }

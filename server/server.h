@@ -14,6 +14,7 @@
 #include "engine/engine.h"
 #include "grpcpp/server.h"
 #include "server/registry.h"
+#include "server/request_limits.h"
 
 namespace kiln {
 
@@ -47,7 +48,11 @@ struct ServerOptions {
   // gRPC sync-server threads: each open Generate stream holds one, so this bounds concurrent
   // streams (requests queue in the engine, not here: see EngineOptions::max_queued).
   int max_threads = 2048;
-  absl::Duration shutdown_grace = absl::Seconds(3);  // in-flight calls may finish meanwhile
+  // What one request may ask for (stop strings, choices, logprobs, bytes, HTTP read time).
+  RequestLimits limits;
+  // After SIGTERM, in-flight calls may finish for this long; streams still running then end
+  // with UNAVAILABLE ("kiln-server is shutting down").
+  absl::Duration shutdown_grace = absl::Seconds(3);
   absl::Duration cancel_poll = absl::Milliseconds(20);
   // Tests and benchmarks only: every streamed token is delayed by this much (see
   // InferenceServiceOptions), so that load tests measure a known inter-token latency.

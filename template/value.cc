@@ -254,8 +254,13 @@ std::string ToStr(const Value& v) {
 
 namespace {
 
+// Deeper JSON becomes None there: conversion recurses, and callers that take JSON from outside
+// bound its depth long before (the OpenAI API at 64 levels).
+constexpr int kMaxJsonDepth = 512;
+
 template <typename J>
-Value FromJsonImpl(const J& j) {
+Value FromJsonImpl(const J& j, int depth = 0) {
+  if (depth > kMaxJsonDepth) return Value::None();
   switch (j.type()) {
     case nlohmann::json::value_t::null:
       return Value::None();
@@ -275,13 +280,13 @@ Value FromJsonImpl(const J& j) {
     case nlohmann::json::value_t::array: {
       List items;
       items.reserve(j.size());
-      for (const auto& x : j) items.push_back(FromJsonImpl(x));
+      for (const auto& x : j) items.push_back(FromJsonImpl(x, depth + 1));
       return Value::MakeList(std::move(items));
     }
     case nlohmann::json::value_t::object: {
       Value d = Value::MakeDict();
       for (auto it = j.begin(); it != j.end(); ++it)
-        d.dict->Set(it.key(), FromJsonImpl(it.value()));
+        d.dict->Set(it.key(), FromJsonImpl(it.value(), depth + 1));
       return d;
     }
     default:

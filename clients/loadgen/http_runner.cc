@@ -40,6 +40,10 @@ using ErrorCode = boost::system::error_code;
 // An error body is kept up to this size for its message; the rest is read and dropped.
 constexpr size_t kMaxErrorBody = 64 << 10;
 
+// After a cancel (an orderly close), what the server still sends is drained for at most this
+// long, waiting for it to close its side.
+constexpr absl::Duration kCancelDrain = absl::Seconds(2);
+
 double Seconds(Clock::duration duration) { return std::chrono::duration<double>(duration).count(); }
 
 Clock::duration ToClock(absl::Duration duration) {
@@ -118,6 +122,7 @@ class HttpPhase {
     RequestRecord record;
     Clock::time_point start, deadline;
     int64_t live_tokens = 0;  // added to the live counter so far
+    bool fault_due = false;   // received its planned number of tokens: end it now
     std::array<char, 16 << 10> chunk;
   };
 
@@ -137,6 +142,11 @@ class HttpPhase {
   // one: the server may have closed the connection while it was idle. Returns whether it did.
   bool MaybeRetry(Request* r, const ErrorCode& ec);
   void Fail(Request* r, absl::string_view label, std::string message);
+  // Ends a request that received its planned number of tokens: a cancel closes the connection in
+  // order (FIN) and drains it until the server closes too (CancelDrain); a disconnect resets it
+  // (RST) and reads nothing more.
+  void Fault(Request* r);
+  void CancelDrain(Request* r);
   // The record's outcome, from the status and the stream.
   void Settle(Request* r);
   void Complete(Request* r);
@@ -324,6 +334,10 @@ void HttpPhase::ReadBody(Request* r) {
           r->events.clear();
           r->sse.Feed(data, &r->events);
           OnEvents(r, now);
+          if (r->fault_due) {
+            Fault(r);
+            return;
+          }
         } else if (r->error_body.size() < kMaxErrorBody) {
           r->error_body.append(data.substr(0, kMaxErrorBody - r->error_body.size()));
         }
@@ -347,6 +361,12 @@ void HttpPhase::OnEvents(Request* r, Clock::time_point now) {
     if (tokens > 0) {
       r->live_tokens += tokens;
       ledger_.AddOutputTokens(tokens);
+    }
+    const RequestRecord& record = r->record;
+    if (record.planned_fault != ClientFault::kNone && !r->stream.failed() && !r->stream.done() &&
+        r->live_tokens >= record.fault_after_tokens) {
+      r->fault_due = true;  // the events after it are not looked at
+      return;
     }
   }
 }
@@ -384,6 +404,40 @@ void HttpPhase::Fail(Request* r, absl::string_view label, std::string message) {
   Complete(r);
 }
 
+void HttpPhase::Fault(Request* r) {
+  RequestRecord& record = r->record;
+  record.fault = record.planned_fault;
+  record.e2e_seconds = Seconds(Clock::now() - r->start);
+  const std::string label = ClientFaultLabel(record.fault);
+  r->stream.Fail(label, absl::StrCat(label, " by the client after ", r->live_tokens, " tokens"));
+  Settle(r);
+  tcp::socket& socket = r->connection->stream.socket();
+  ErrorCode ignored;
+  if (record.fault == ClientFault::kDisconnect) {
+    socket.set_option(asio::socket_base::linger(true, 0), ignored);  // close() sends a RST
+    r->connection.reset();
+    Complete(r);
+    return;
+  }
+  socket.shutdown(tcp::socket::shutdown_send, ignored);  // FIN: nothing more is asked
+  r->connection->stream.expires_at(std::min(r->deadline, Clock::now() + ToClock(kCancelDrain)));
+  CancelDrain(r);
+}
+
+void HttpPhase::CancelDrain(Request* r) {
+  r->connection->stream.async_read_some(asio::buffer(r->chunk),
+                                        [this, r](const ErrorCode& ec, size_t) {
+                                          if (!ec) {
+                                            CancelDrain(r);
+                                            return;
+                                          }
+                                          // The server closed its side (or the drain timed out):
+                                          // the connection is done.
+                                          r->connection.reset();
+                                          Complete(r);
+                                        });
+}
+
 void HttpPhase::Settle(Request* r) {
   RequestRecord& record = r->record;
   if (r->status != 0 && (r->status < 200 || r->status >= 300)) {
@@ -402,7 +456,7 @@ void HttpPhase::Complete(Request* r) {
   const Clock::time_point now = Clock::now();
   // The live counter took one token per chunk; the usage may have said otherwise.
   ledger_.AddOutputTokens(r->record.output_tokens - r->live_tokens);
-  const bool failed = !r->record.ok();
+  const bool failed = r->record.failed();
   Worker* const worker = r->worker;
   ledger_.Finish(std::move(r->record), now);
   delete r;

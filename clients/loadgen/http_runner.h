@@ -11,6 +11,12 @@
 // "Connection: close", or whose body ends at the end of the connection, gives its connection
 // up. A kept connection that fails before any byte of a response (the server closed it while
 // idle) is retried once on a fresh one. Plain HTTP only: no TLS.
+//
+// A request planned to be cancelled (PhaseConfig::cancel_fraction) closes its connection in order
+// once it received its number of tokens, counted as content chunks: it shuts down its sending side
+// (FIN) and reads, uncounted, until the server closes too (at most 2 s). One planned to be
+// disconnected resets its connection (RST, an abortive close) and reads nothing more. Neither
+// connection is used again.
 #pragma once
 
 #include "absl/status/status.h"

@@ -84,6 +84,11 @@ std::vector<std::pair<std::string, std::string>> Settings(const LoadgenOptions& 
   s.emplace_back("temperature", absl::StrCat(o.temperature));
   s.emplace_back("seed", absl::StrCat(o.seed));
   if (o.protocol == Protocol::kGrpc) s.emplace_back("connections", absl::StrCat(o.connections));
+  if (o.cancel_fraction > 0) s.emplace_back("cancel_fraction", absl::StrCat(o.cancel_fraction));
+  if (o.disconnect_fraction > 0) {
+    s.emplace_back("disconnect_fraction", absl::StrCat(o.disconnect_fraction));
+  }
+  s.emplace_back("window", absl::FormatDuration(o.window));
   return s;
 }
 
@@ -154,6 +159,8 @@ int Main(int argc, char** argv) {
   base.threads = options.threads;
   base.ignore_eos = options.ignore_eos;
   base.temperature = options.temperature;
+  base.cancel_fraction = options.cancel_fraction;
+  base.disconnect_fraction = options.disconnect_fraction;
   if (options.concurrency > 0) {
     base.concurrency = options.concurrency;
     base.seed = options.seed;
@@ -177,19 +184,23 @@ int Main(int argc, char** argv) {
     LiveCounters live;
     std::unique_ptr<ProgressLine> progress;
     if (show_progress) progress = std::make_unique<ProgressLine>(&live, PhaseLabel(config));
-    absl::StatusOr<PhaseResult> result = options.protocol == Protocol::kGrpc
-                                             ? RunPhase(channels, config, *prompts, &live)
-                                             : RunHttpPhase(http_target, config, *prompts, &live);
+    absl::StatusOr<PhaseResult> result =
+        options.protocol == Protocol::kGrpc
+            ? RunPhase(channels, config, *prompts, &live, options.target)
+            : RunHttpPhase(http_target, config, *prompts, &live);
     progress.reset();
     if (!result.ok()) {
       std::cerr << "kiln-loadgen: " << result.status().message() << "\n";
-      return kExitUsage;
+      return result.status().code() == absl::StatusCode::kUnavailable ? kExitFailed : kExitUsage;
     }
     PhaseSummary summary =
         SummarizePhase(result->records, result->measured_seconds, options.goodput);
     summary.label = PhaseLabel(config);
     summary.concurrency = config.concurrency;
     summary.rate = config.rate;
+    summary.itl_window_seconds = absl::ToDoubleSeconds(options.window);
+    summary.itl_series =
+        ItlSeries(result->records, summary.itl_window_seconds, result->issue_end_seconds);
     report.summaries.push_back(std::move(summary));
     report.phases.push_back(*std::move(result));
   }

@@ -43,6 +43,10 @@ int CodeForLabel(absl::string_view label) {
     return GrpcCodeForHttpStatus(status);
   }
   if (label == kTimeout) return static_cast<int>(absl::StatusCode::kDeadlineExceeded);
+  if (label == ClientFaultLabel(ClientFault::kCancel) ||
+      label == ClientFaultLabel(ClientFault::kDisconnect)) {
+    return static_cast<int>(absl::StatusCode::kCancelled);
+  }
   if (label == kStreamError || label == kBadResponse) {
     return static_cast<int>(absl::StatusCode::kInternal);
   }

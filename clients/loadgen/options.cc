@@ -34,6 +34,13 @@ absl::Status ParsePositive(const std::string& flag, const std::string& text, dou
   return absl::OkStatus();
 }
 
+absl::Status ParseFraction(const std::string& flag, const std::string& text, double* out) {
+  if (!absl::SimpleAtod(text, out) || !(*out >= 0 && *out <= 1)) {
+    return Bad(flag, absl::StrCat("'", text, "' is not a fraction in [0, 1]"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ParseBool(const std::string& flag, const std::string& text, bool* out) {
   const std::string lower = absl::AsciiStrToLower(text);
   if (lower.empty() || lower == "true" || lower == "1" || lower == "yes") {
@@ -131,12 +138,27 @@ const std::vector<Flag>& Flags() {
        "generate max_tokens tokens whatever the model says (default true; openai: sent as "
        "\"ignore_eos\", a vLLM and llama.cpp extension, only when true)"},
       {"temperature", "T", "sampling temperature (default 0: greedy)"},
-      {"seed", "N", "seed of prompts, lengths and arrivals (default 0)"},
+      {"seed", "N", "seed of prompts, lengths, arrivals and faults (default 0)"},
+      {"cancel-fraction", "F",
+       "cancel this fraction of the requests (0..1, chosen by the seeded generator) after a random "
+       "number of received tokens, uniform in [1, max_tokens): grpc with ClientContext::TryCancel, "
+       "openai by closing the connection in order (FIN; what the server still sends is drained "
+       "until it closes too). Counted as cancelled, not as failures (default 0)"},
+      {"disconnect-fraction", "F",
+       "drop the connection of this fraction of the requests mid-stream, as above but without a "
+       "cancel: grpc sends each such request over a TCP connection of its own and shuts it down "
+       "under the call (no TLS); openai resets its connection (RST) and reads nothing more. "
+       "Counted as disconnected, not as failures (default 0)"},
       {"goodput", "LIMITS",
        "count requests meeting every limit, e.g. ttft=0.5,itl=0.05,e2e=10 (seconds; itl is the "
        "request's mean inter-token latency, tpot= is a synonym)"},
       {"progress", "", "show the progress line even when stderr is not a terminal"},
-      {"json", "FILE", "write the summary and every request as JSON"},
+      {"json", "FILE",
+       "write the summary and every request as JSON, with a series of the p99 inter-token latency "
+       "per --window"},
+      {"window", "DURATION",
+       "the window of the inter-token latency series: p50/p99 of the tokens that arrived in each "
+       "(default 60s)"},
       {"csv", "FILE", "write one row per request as CSV"},
       {"svg", "FILE", "write a chart: latency CDFs, throughput over time, latency vs throughput"},
       {"title", "TEXT", "title of the SVG chart"},
@@ -178,9 +200,10 @@ std::string HelpText() {
       "bad_response, timeout, connect_failed, connection_error. Over HTTP, streams ask for\n"
       "usage (stream_options.include_usage): output tokens are its completion_tokens (else one\n"
       "per content chunk), and a chunk carrying several tokens shares its gap among them.\n\n"
-      "Exit status: 0 when every counted request succeeded, 1 when any failed (or none\n"
-      "completed), 2 for a usage error. Flags take --name=value or --name value; dashes and\n"
-      "underscores are alike. DURATION: 20s, 500ms, 2m, or plain seconds.\n\nFlags:\n";
+      "Exit status: 0 when no counted request failed (those cancelled or disconnected on\n"
+      "purpose are not failures), 1 when any failed (or none completed), 2 for a usage error.\n"
+      "Flags take --name=value or --name value; dashes and underscores are alike. DURATION:\n"
+      "20s, 500ms, 2m, or plain seconds.\n\nFlags:\n";
   for (const Flag& flag : Flags()) {
     const std::string value = flag.value_name == "BOOL" ? "[=true|false]"
                               : flag.value_name.empty() ? ""
@@ -274,14 +297,16 @@ absl::StatusOr<LoadgenOptions> ParseOptions(int argc, const char* const* argv) {
       status = ParseInt(name, value, 1, &o.connections);
       have_connections = true;
     } else if (name == "connect-timeout" || name == "request-timeout" || name == "duration" ||
-               name == "warmup") {
+               name == "warmup" || name == "window") {
       absl::StatusOr<absl::Duration> duration = ParseDurationFlag(value, name);
       if (!duration.ok()) return duration.status();
       if (name == "connect-timeout") o.connect_timeout = *duration;
       if (name == "request-timeout") o.request_timeout = *duration;
       if (name == "warmup") o.warmup = *duration;
+      if (name == "window") o.window = *duration;
       if (name == "duration") o.duration = *duration, have_duration = true;
-      if ((name == "duration" || name == "request-timeout") && *duration <= absl::ZeroDuration()) {
+      if ((name == "duration" || name == "request-timeout" || name == "window") &&
+          *duration <= absl::ZeroDuration()) {
         status = Bad(name, "must be positive");
       }
     } else if (name == "threads") {
@@ -335,6 +360,10 @@ absl::StatusOr<LoadgenOptions> ParseOptions(int argc, const char* const* argv) {
       if (!absl::SimpleAtof(value, &o.temperature) || o.temperature < 0) {
         status = Bad(name, absl::StrCat("'", value, "' is not a non-negative number"));
       }
+    } else if (name == "cancel-fraction") {
+      status = ParseFraction(name, value, &o.cancel_fraction);
+    } else if (name == "disconnect-fraction") {
+      status = ParseFraction(name, value, &o.disconnect_fraction);
     } else if (name == "seed") {
       status = ParseInt<uint64_t>(name, value, 0, &o.seed);
     } else if (name == "goodput") {
@@ -379,6 +408,15 @@ absl::StatusOr<LoadgenOptions> ParseOptions(int argc, const char* const* argv) {
       return Bad("target", absl::StrCat("'", o.target,
                                         "' is a URL: for an HTTP server, add --protocol openai"));
     }
+  }
+
+  if (o.cancel_fraction + o.disconnect_fraction > 1) {
+    return absl::InvalidArgumentError(
+        "--cancel-fraction and --disconnect-fraction sum to more than 1");
+  }
+  if (o.disconnect_fraction > 0 && o.protocol == Protocol::kGrpc && (o.tls || !o.tls_ca.empty())) {
+    return Bad("disconnect-fraction",
+               "drops plain TCP connections of its own: not with --tls or --tls-ca");
   }
 
   if (o.concurrency > 0 && !o.rates.empty()) {

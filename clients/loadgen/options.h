@@ -48,11 +48,16 @@ struct LoadgenOptions {
   bool ignore_eos = true;
   float temperature = 0;
 
+  // Client-side faults: these fractions of the requests are cancelled, or have their connection
+  // dropped, after a random number of tokens (PhaseConfig).
+  double cancel_fraction = 0, disconnect_fraction = 0;
+
   // Results.
   GoodputLimits goodput;
   bool progress = false;  // also when stderr is not a terminal
   std::string json_path, csv_path, svg_path;
-  std::string title;  // of the SVG chart; default from the run
+  absl::Duration window = absl::Seconds(60);  // of the p99 inter-token latency series
+  std::string title;                          // of the SVG chart; default from the run
   bool help = false;
 };
 

@@ -4,6 +4,8 @@
 #include <thread>
 #include <utility>
 
+#include "absl/time/clock.h"
+
 namespace kiln::loadgen {
 namespace {
 
@@ -27,11 +29,20 @@ absl::Status ValidatePhaseConfig(const PhaseConfig& config) {
   if (config.warmup < absl::ZeroDuration()) {
     return absl::InvalidArgumentError("the warm-up must not be negative");
   }
+  for (double fraction : {config.cancel_fraction, config.disconnect_fraction}) {
+    if (!(fraction >= 0 && fraction <= 1)) {
+      return absl::InvalidArgumentError("fault fractions must lie in [0, 1]");
+    }
+  }
+  if (config.cancel_fraction + config.disconnect_fraction > 1) {
+    return absl::InvalidArgumentError("the cancel and disconnect fractions sum to more than 1");
+  }
   return absl::OkStatus();
 }
 
 void PhaseLedger::Start() {
   start_ = Clock::now();
+  start_unix_seconds_ = absl::ToDoubleSeconds(absl::Now() - absl::UnixEpoch());
   warmup_end_ = start_ + ToClock(config_.warmup);
   issue_end_ = warmup_end_ + ToClock(config_.duration);
   absl::MutexLock lock(&mutex_);
@@ -64,9 +75,13 @@ bool PhaseLedger::Admit(RequestSpec* spec, RequestRecord* record) {
     }
     *spec = prompts_.Next();
     record->id = next_id_++;
+    const FaultPlanner::Plan plan = faults_.Next(spec->max_tokens);
+    record->planned_fault = plan.fault;
+    record->fault_after_tokens = plan.after_tokens;
+    record->start_seconds = Seconds(now - start_);
+    last_start_seconds_ = std::max(last_start_seconds_, record->start_seconds);
   }
   record->warmup = warmup;
-  record->start_seconds = Seconds(now - start_);
   record->input_tokens = spec->input_tokens;
   if (live_ != nullptr) {
     live_->started.fetch_add(1, std::memory_order_relaxed);
@@ -79,7 +94,13 @@ void PhaseLedger::Finish(RequestRecord record, Clock::time_point end) {
   if (live_ != nullptr) {
     live_->completed.fetch_add(1, std::memory_order_relaxed);
     live_->in_flight.fetch_sub(1, std::memory_order_relaxed);
-    if (!record.ok()) live_->errors.fetch_add(1, std::memory_order_relaxed);
+    if (record.failed()) live_->errors.fetch_add(1, std::memory_order_relaxed);
+    if (record.fault == ClientFault::kCancel) {
+      live_->cancelled.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (record.fault == ClientFault::kDisconnect) {
+      live_->disconnected.fetch_add(1, std::memory_order_relaxed);
+    }
   }
   absl::MutexLock lock(&mutex_);
   if (!record.warmup) {
@@ -133,6 +154,9 @@ PhaseResult PhaseLedger::TakeResult() {
   Clock::time_point end = last_counted_end_;
   if (config_.duration > absl::ZeroDuration() && counted_any_) end = std::max(end, issue_end_);
   result.measured_seconds = Seconds(end - warmup_end_);
+  result.issue_end_seconds =
+      config_.duration > absl::ZeroDuration() ? Seconds(issue_end_ - start_) : last_start_seconds_;
+  result.start_unix_seconds = start_unix_seconds_;
   return result;
 }
 

@@ -40,13 +40,18 @@ struct PhaseConfig {
   uint64_t seed = 0;  // of the arrival process
   bool ignore_eos = true;
   float temperature = 0;  // 0 = greedy
+  // These fractions of the requests are cancelled, or have their connection dropped, by the
+  // client after a random number of tokens (FaultPlanner, seeded with `seed`).
+  double cancel_fraction = 0, disconnect_fraction = 0;
 };
 
 // Updated while a phase runs; read by the progress line.
 struct LiveCounters {
   std::atomic<int64_t> started{0};
   std::atomic<int64_t> completed{0};
-  std::atomic<int64_t> errors{0};
+  std::atomic<int64_t> errors{0};  // failures: not the requests the client ended on purpose
+  std::atomic<int64_t> cancelled{0};
+  std::atomic<int64_t> disconnected{0};
   std::atomic<int64_t> in_flight{0};
   std::atomic<int64_t> output_tokens{0};
 };
@@ -56,10 +61,15 @@ struct PhaseResult {
   std::vector<RequestRecord> records;  // warm-up requests included (marked), by start time
   // The measurement window: warm-up end → the end of the last counted request.
   double measured_seconds = 0;
+  // Since the phase started: the end of the issuing period (warm-up + duration; with a request
+  // count, the last request's start), after which the requests in flight drain.
+  double issue_end_seconds = 0;
+  double start_unix_seconds = 0;  // the wall-clock time the phase started
 };
 
 // InvalidArgument for a config that names neither a concurrency nor a rate (or both), or
-// neither a duration nor a request count, or a negative warm-up.
+// neither a duration nor a request count, or a negative warm-up, or fault fractions outside
+// [0, 1] or summing to more than 1.
 absl::Status ValidatePhaseConfig(const PhaseConfig& config);
 
 // Thread-safe. A request's life: Reserve (it counts in flight from then on, also while it waits
@@ -71,7 +81,10 @@ class PhaseLedger {
   using Clock = std::chrono::steady_clock;
 
   PhaseLedger(const PhaseConfig& config, PromptSource& prompts, LiveCounters* live)
-      : config_(config), live_(live), prompts_(prompts) {}
+      : config_(config),
+        live_(live),
+        prompts_(prompts),
+        faults_(config.cancel_fraction, config.disconnect_fraction, config.seed) {}
 
   // Starts the phase's clocks: the warm-up and the issuing period count from now.
   void Start();
@@ -81,7 +94,8 @@ class PhaseLedger {
 
   void Reserve() ABSL_LOCKS_EXCLUDED(mutex_);
   // Whether a reserved request may be issued now. If so, `spec` is its prompt and the record
-  // has its id, warm-up mark, start and input tokens; if not, its reservation is released.
+  // has its id, warm-up mark, start, input tokens and planned fault; if not, its reservation is
+  // released.
   bool Admit(RequestSpec* spec, RequestRecord* record) ABSL_LOCKS_EXCLUDED(mutex_);
   void AddOutputTokens(int64_t tokens) {
     if (live_ != nullptr) live_->output_tokens.fetch_add(tokens, std::memory_order_relaxed);
@@ -105,9 +119,12 @@ class PhaseLedger {
   const PhaseConfig config_;
   LiveCounters* const live_;
   Clock::time_point start_, warmup_end_, issue_end_;
+  double start_unix_seconds_ = 0;
 
   absl::Mutex mutex_;
   PromptSource& prompts_ ABSL_GUARDED_BY(mutex_);
+  FaultPlanner faults_ ABSL_GUARDED_BY(mutex_);
+  double last_start_seconds_ ABSL_GUARDED_BY(mutex_) = 0;  // of the last admitted request
   int64_t in_flight_ ABSL_GUARDED_BY(mutex_) = 0;
   int64_t counted_issued_ ABSL_GUARDED_BY(mutex_) = 0;
   int64_t next_id_ ABSL_GUARDED_BY(mutex_) = 0;

@@ -54,6 +54,11 @@ void PrintPhase(const RunReport& report, const PhaseSummary& s, std::ostream& ou
   out << absl::StrFormat("============ %s ============\n", s.label);
   row("Requests (counted):", absl::StrCat(s.requests));
   row("Succeeded / failed:", absl::StrCat(s.succeeded, " / ", s.failed));
+  if (s.cancelled > 0 || s.disconnected > 0) {
+    row("Cancelled / disconnected (client):",
+        absl::StrCat(s.cancelled, " / ", s.disconnected, " (", s.fault_output_tokens,
+                     " tokens received before)"));
+  }
   row("Measurement window (s):", absl::StrFormat("%.2f", s.seconds));
   row("Input / output tokens:", absl::StrCat(s.input_tokens, " / ", s.output_tokens));
   row("Request throughput (req/s):", absl::StrFormat("%.2f", s.requests_per_second));
@@ -62,6 +67,13 @@ void PrintPhase(const RunReport& report, const PhaseSummary& s, std::ostream& ou
   if (report.goodput.any()) {
     row("Goodput (req/s):", absl::StrFormat("%.2f (%d good; %s)", s.goodput_requests_per_second,
                                             s.good, GoodputText(report.goodput)));
+  }
+  if (!s.finish_reasons.empty()) {
+    std::vector<std::string> parts;
+    for (const auto& [reason, count] : s.finish_reasons) {
+      parts.push_back(absl::StrCat(reason.empty() ? "(none)" : reason, " ", count));
+    }
+    row("Finish reasons:", absl::StrJoin(parts, ", "));
   }
   for (const auto& [code, count] : s.errors_by_code) {
     auto example = s.error_examples.find(code);
@@ -79,6 +91,16 @@ void PrintPhase(const RunReport& report, const PhaseSummary& s, std::ostream& ou
     out << absl::StrFormat("%-6s %10s %10s %10s %10s %10s %10s\n", name, Ms(l.mean, l.count),
                            Ms(l.p50, l.count), Ms(l.p90, l.count), Ms(l.p95, l.count),
                            Ms(l.p99, l.count), Ms(l.max, l.count));
+  }
+  if (!s.itl_series.empty()) {
+    out << absl::StrFormat("ITL by %gs window since the start (ms; * = not full):\n",
+                           s.itl_window_seconds);
+    out << absl::StrFormat("%8s %10s %10s %10s %10s\n", "from (s)", "tokens", "p50", "p99", "max");
+    for (const ItlWindow& w : s.itl_series) {
+      out << absl::StrFormat("%8g %10d %10s %10s %10s%s\n", w.start_seconds, w.itl.count,
+                             Ms(w.itl.p50, w.itl.count), Ms(w.itl.p99, w.itl.count),
+                             Ms(w.itl.max, w.itl.count), w.full ? "" : " *");
+    }
   }
 }
 
@@ -115,15 +137,35 @@ absl::Status WriteJson(const RunReport& report, const std::string& path) {
   if (report.goodput.e2e) limits["e2e_s"] = *report.goodput.e2e;
   json["goodput_limits"] = limits;
   nlohmann::json phases = nlohmann::json::array();
-  for (const PhaseSummary& s : report.summaries) {
+  for (size_t p = 0; p < report.summaries.size(); ++p) {
+    const PhaseSummary& s = report.summaries[p];
+    nlohmann::json series = nlohmann::json::array();
+    for (const ItlWindow& w : s.itl_series) {
+      series.push_back({{"start_s", w.start_seconds},
+                        {"end_s", w.end_seconds},
+                        {"full", w.full},
+                        {"tokens", w.itl.count},
+                        {"p50_s", w.itl.count > 0 ? Number(w.itl.p50) : nullptr},
+                        {"p99_s", w.itl.count > 0 ? Number(w.itl.p99) : nullptr},
+                        {"max_s", w.itl.count > 0 ? Number(w.itl.max) : nullptr}});
+    }
+    const PhaseResult* result = p < report.phases.size() ? &report.phases[p] : nullptr;
     phases.push_back({{"label", s.label},
                       {"concurrency", s.concurrency},
                       {"rate", s.rate},
                       {"requests", s.requests},
                       {"succeeded", s.succeeded},
                       {"failed", s.failed},
+                      {"cancelled", s.cancelled},
+                      {"disconnected", s.disconnected},
+                      {"fault_output_tokens", s.fault_output_tokens},
                       {"good", s.good},
                       {"errors_by_code", s.errors_by_code},
+                      {"finish_reasons", s.finish_reasons},
+                      {"start_unix_s", result != nullptr ? Number(result->start_unix_seconds)
+                                                         : nlohmann::json(nullptr)},
+                      {"issue_end_s", result != nullptr ? Number(result->issue_end_seconds)
+                                                        : nlohmann::json(nullptr)},
                       {"seconds", s.seconds},
                       {"input_tokens", s.input_tokens},
                       {"output_tokens", s.output_tokens},
@@ -134,7 +176,9 @@ absl::Status WriteJson(const RunReport& report, const std::string& path) {
                       {"ttft_s", LatencyJson(s.ttft)},
                       {"itl_s", LatencyJson(s.itl)},
                       {"tpot_s", LatencyJson(s.tpot)},
-                      {"e2e_s", LatencyJson(s.e2e)}});
+                      {"e2e_s", LatencyJson(s.e2e)},
+                      {"itl_window_s", s.itl_window_seconds},
+                      {"itl_series", series}});
   }
   json["phases"] = phases;
   nlohmann::json requests = nlohmann::json::array();
@@ -142,18 +186,25 @@ absl::Status WriteJson(const RunReport& report, const std::string& path) {
     for (const RequestRecord& r : report.phases[p].records) {
       nlohmann::json itl = nlohmann::json::array();
       for (double gap : r.itl_seconds) itl.push_back(gap);
-      requests.push_back({{"phase", p},
-                          {"id", r.id},
-                          {"warmup", r.warmup},
-                          {"start_s", r.start_seconds},
-                          {"ttft_s", r.ttft_seconds >= 0 ? Number(r.ttft_seconds) : nullptr},
-                          {"e2e_s", r.e2e_seconds},
-                          {"itl_s", itl},
-                          {"input_tokens", r.input_tokens},
-                          {"output_tokens", r.output_tokens},
-                          {"code", r.code_name()},
-                          {"error", r.error},
-                          {"finish_reason", r.finish_reason}});
+      nlohmann::json request = {{"phase", p},
+                                {"id", r.id},
+                                {"warmup", r.warmup},
+                                {"start_s", r.start_seconds},
+                                {"ttft_s", r.ttft_seconds >= 0 ? Number(r.ttft_seconds) : nullptr},
+                                {"e2e_s", r.e2e_seconds},
+                                {"itl_s", itl},
+                                {"input_tokens", r.input_tokens},
+                                {"output_tokens", r.output_tokens},
+                                {"code", r.code_name()},
+                                {"error", r.error},
+                                {"finish_reason", r.finish_reason}};
+      if (r.planned_fault != ClientFault::kNone) {
+        request["planned_fault"] =
+            r.planned_fault == ClientFault::kCancel ? "cancel" : "disconnect";
+        request["fault_after_tokens"] = r.fault_after_tokens;
+        request["client_fault"] = ClientFaultLabel(r.fault);  // "" when the stream ended first
+      }
+      requests.push_back(std::move(request));
     }
   }
   json["requests"] = requests;
@@ -233,11 +284,15 @@ void ProgressLine::Loop() {
     if (stop) last_time = start, last_completed = 0, last_tokens = 0;
     const double seconds = std::chrono::duration<double>(now - last_time).count();
     if (!stop || printed) {
-      const std::string line =
-          absl::StrFormat("[%s] %d done, %d in flight, %d errors, %.1f req/s, %.0f tok/s", label_,
-                          completed, live_->in_flight.load(), live_->errors.load(),
-                          seconds > 0 ? (completed - last_completed) / seconds : 0.0,
-                          seconds > 0 ? (tokens - last_tokens) / seconds : 0.0);
+      const int64_t cancelled = live_->cancelled.load(), disconnected = live_->disconnected.load();
+      const std::string line = absl::StrFormat(
+          "[%s] %d done, %d in flight, %d errors%s, %.1f req/s, %.0f tok/s", label_, completed,
+          live_->in_flight.load(), live_->errors.load(),
+          cancelled + disconnected > 0
+              ? absl::StrFormat(", %d cancelled, %d disconnected", cancelled, disconnected)
+              : "",
+          seconds > 0 ? (completed - last_completed) / seconds : 0.0,
+          seconds > 0 ? (tokens - last_tokens) / seconds : 0.0);
       if (tty_) {
         std::fprintf(stderr, "\r\033[K%s%s", line.c_str(), stop ? "\n" : "");
       } else {

@@ -28,7 +28,8 @@ struct RunReport {
 // Per phase: requests, throughput, goodput, errors by code, and a latency table (ms); for a
 // sweep, a last table with one row per rate.
 void PrintSummary(const RunReport& report, std::ostream& out);
-// {"target", "model", "settings", "goodput_limits", "phases": [summary...],
+// {"target", "model", "settings", "goodput_limits", "phases": [summary..., with "itl_series":
+//  [{"start_s", "end_s", "full", "tokens", "p50_s", "p99_s", "max_s"}, ...]],
 //  "requests": [{"phase", "id", "warmup", "start_s", "ttft_s", "itl_s": [...], ...}]}
 absl::Status WriteJson(const RunReport& report, const std::string& path);
 // phase,label,id,warmup,start_s,ttft_s,e2e_s,tpot_s,itl_mean_s,itl_max_s,input_tokens,

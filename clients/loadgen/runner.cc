@@ -3,10 +3,13 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <optional>
+#include <string>
 #include <thread>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "clients/loadgen/socket_channel.h"
 #include "grpcpp/alarm.h"
 #include "grpcpp/client_context.h"
 #include "grpcpp/completion_queue.h"
@@ -22,7 +25,7 @@ double Seconds(Clock::duration duration) { return std::chrono::duration<double>(
 class Phase {
  public:
   Phase(const std::vector<std::shared_ptr<grpc::Channel>>& channels, const PhaseConfig& config,
-        PromptSource& prompts, LiveCounters* live);
+        PromptSource& prompts, LiveCounters* live, std::optional<SocketTarget> socket_target);
   PhaseResult Run();
 
  private:
@@ -34,6 +37,10 @@ class Phase {
     grpc::CompletionQueue* cq = nullptr;
     v1::Inference::Stub* stub = nullptr;
     std::unique_ptr<grpc::Alarm> alarm;
+    // A request to be disconnected: its own connection, and the stub over it (declared before
+    // the context and the reader, which are destroyed first).
+    std::unique_ptr<DroppableChannel> own_channel;
+    std::unique_ptr<v1::Inference::Stub> own_stub;
     grpc::ClientContext context;
     v1::GenerateRequest request;
     v1::GenerateResponse response;
@@ -51,17 +58,20 @@ class Phase {
   // whether it did.
   bool Issue(Call* call);
   void OnResponse(Call* call);
+  // Cancels the call or drops its connection once it received its planned number of tokens.
+  void MaybeFault(Call* call);
   void Complete(Call* call);
 
   PhaseLedger ledger_;
+  const std::optional<SocketTarget> socket_target_;
   std::vector<std::unique_ptr<v1::Inference::Stub>> stubs_;
   std::vector<std::unique_ptr<grpc::CompletionQueue>> cqs_;
   std::atomic<size_t> next_queue_{0};
 };
 
 Phase::Phase(const std::vector<std::shared_ptr<grpc::Channel>>& channels, const PhaseConfig& config,
-             PromptSource& prompts, LiveCounters* live)
-    : ledger_(config, prompts, live) {
+             PromptSource& prompts, LiveCounters* live, std::optional<SocketTarget> socket_target)
+    : ledger_(config, prompts, live), socket_target_(std::move(socket_target)) {
   for (const std::shared_ptr<grpc::Channel>& channel : channels) {
     stubs_.push_back(v1::Inference::NewStub(channel));
   }
@@ -118,6 +128,24 @@ bool Phase::Issue(Call* call) {
   call->cq = cqs_[queue % cqs_.size()].get();
   call->stub = stubs_[queue % stubs_.size()].get();
   const PhaseConfig& config = ledger_.config();
+  call->start = Clock::now();
+  call->last_tokens = call->start;
+  if (call->record.planned_fault == ClientFault::kDisconnect) {
+    absl::StatusOr<std::unique_ptr<DroppableChannel>> own = DroppableChannel::Open(
+        *socket_target_, std::min(config.request_timeout, absl::Seconds(10)));
+    if (!own.ok()) {
+      // Ends as a failure, through the queue (never recursively from here).
+      call->status =
+          grpc::Status(grpc::StatusCode::UNAVAILABLE, std::string(own.status().message()));
+      call->step = Call::Step::kFinished;
+      call->alarm = std::make_unique<grpc::Alarm>();
+      call->alarm->Set(call->cq, std::chrono::system_clock::now(), call);
+      return true;
+    }
+    call->own_channel = *std::move(own);
+    call->own_stub = v1::Inference::NewStub(call->own_channel->channel());
+    call->stub = call->own_stub.get();
+  }
   v1::GenerateRequest& request = call->request;
   request.set_model(config.model);
   if (spec.is_text) {
@@ -130,8 +158,6 @@ bool Phase::Issue(Call* call) {
   request.mutable_sampling()->set_temperature(config.temperature);
   call->context.set_deadline(std::chrono::system_clock::now() +
                              absl::ToChronoNanoseconds(config.request_timeout));
-  call->start = Clock::now();
-  call->last_tokens = call->start;
   call->step = Call::Step::kStarted;
   call->reader = call->stub->PrepareAsyncGenerate(&call->context, call->request, call->cq);
   call->reader->StartCall(call);
@@ -188,6 +214,21 @@ void Phase::OnResponse(Call* call) {
   if (response.has_usage() && response.usage().prompt_tokens() > 0) {
     record.input_tokens = response.usage().prompt_tokens();
   }
+  MaybeFault(call);
+}
+
+void Phase::MaybeFault(Call* call) {
+  RequestRecord& record = call->record;
+  if (record.planned_fault == ClientFault::kNone || record.fault != ClientFault::kNone ||
+      record.output_tokens < record.fault_after_tokens || !record.finish_reason.empty()) {
+    return;
+  }
+  record.fault = record.planned_fault;
+  if (record.fault == ClientFault::kCancel) {
+    call->context.TryCancel();  // the pending read ends, then Finish says CANCELLED
+  } else {
+    call->own_channel->Drop();  // gRPC's reads end: the call fails UNAVAILABLE
+  }
 }
 
 void Phase::Complete(Call* call) {
@@ -196,7 +237,8 @@ void Phase::Complete(Call* call) {
   record.e2e_seconds = Seconds(now - call->start);
   record.code = static_cast<int>(call->status.error_code());
   if (!call->status.ok()) record.error = call->status.error_message();
-  const bool failed = !record.ok();
+  if (record.fault != ClientFault::kNone) record.code_label = ClientFaultLabel(record.fault);
+  const bool failed = record.failed();
   ledger_.Finish(std::move(record), now);
   delete call;
   // The replacement is in flight before this call stops counting, so nothing in flight means
@@ -211,10 +253,19 @@ void Phase::Complete(Call* call) {
 
 absl::StatusOr<PhaseResult> RunPhase(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
                                      const PhaseConfig& config, PromptSource& prompts,
-                                     LiveCounters* live) {
+                                     LiveCounters* live, const std::string& address) {
   if (channels.empty()) return absl::InvalidArgumentError("no channel to the server");
   if (absl::Status valid = ValidatePhaseConfig(config); !valid.ok()) return valid;
-  Phase phase(channels, config, prompts, live);
+  std::optional<SocketTarget> socket_target;
+  if (config.disconnect_fraction > 0) {
+    if (address.empty()) {
+      return absl::InvalidArgumentError("dropping connections needs the server's HOST:PORT");
+    }
+    absl::StatusOr<SocketTarget> resolved = ResolveSocketTarget(address);
+    if (!resolved.ok()) return resolved.status();
+    socket_target = *std::move(resolved);
+  }
+  Phase phase(channels, config, prompts, live, std::move(socket_target));
   return phase.Run();
 }
 

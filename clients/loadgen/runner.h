@@ -4,6 +4,7 @@
 #pragma once
 
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -15,8 +16,14 @@ namespace kiln::loadgen {
 
 // InvalidArgument for a config that ValidatePhaseConfig refuses, or no channel. Request
 // failures are results, not errors.
+//
+// Requests planned to be cancelled (config.cancel_fraction) are, with ClientContext::TryCancel,
+// once they received their number of tokens. Those planned to be disconnected
+// (config.disconnect_fraction) each go over a TCP connection of their own to `address` (HOST:PORT,
+// plain TCP: socket_channel.h), shut down under the call at that point; with such requests
+// `address` must be set (InvalidArgument), and must resolve (Unavailable).
 absl::StatusOr<PhaseResult> RunPhase(const std::vector<std::shared_ptr<grpc::Channel>>& channels,
                                      const PhaseConfig& config, PromptSource& prompts,
-                                     LiveCounters* live = nullptr);
+                                     LiveCounters* live = nullptr, const std::string& address = "");
 
 }  // namespace kiln::loadgen

@@ -18,6 +18,18 @@ double RequestRecord::tpot_seconds() const {
   return (e2e_seconds - ttft_seconds) / (output_tokens - 1);
 }
 
+std::string ClientFaultLabel(ClientFault fault) {
+  switch (fault) {
+    case ClientFault::kNone:
+      return "";
+    case ClientFault::kCancel:
+      return "cancelled";
+    case ClientFault::kDisconnect:
+      return "disconnected";
+  }
+  return "";
+}
+
 std::string RequestRecord::code_name() const {
   return code_label.empty() ? StatusCodeName(code) : code_label;
 }
@@ -85,7 +97,7 @@ absl::StatusOr<GoodputLimits> ParseGoodput(const std::string& text) {
 }
 
 bool IsGood(const RequestRecord& record, const GoodputLimits& limits) {
-  if (!record.ok()) return false;
+  if (!record.succeeded()) return false;
   if (limits.ttft && (record.ttft_seconds < 0 || record.ttft_seconds > *limits.ttft)) return false;
   if (limits.itl && record.tpot_seconds() > *limits.itl) return false;
   if (limits.e2e && record.e2e_seconds > *limits.e2e) return false;
@@ -100,6 +112,11 @@ PhaseSummary SummarizePhase(const std::vector<RequestRecord>& records, double se
   for (const RequestRecord& record : records) {
     if (record.warmup) continue;
     ++summary.requests;
+    if (record.fault != ClientFault::kNone) {
+      ++(record.fault == ClientFault::kCancel ? summary.cancelled : summary.disconnected);
+      summary.fault_output_tokens += record.output_tokens;
+      continue;
+    }
     if (!record.ok()) {
       ++summary.failed;
       const std::string code = record.code_name();
@@ -108,6 +125,7 @@ PhaseSummary SummarizePhase(const std::vector<RequestRecord>& records, double se
       continue;
     }
     ++summary.succeeded;
+    ++summary.finish_reasons[record.finish_reason];
     if (IsGood(record, limits)) ++summary.good;
     summary.input_tokens += record.input_tokens;
     summary.output_tokens += record.output_tokens;
@@ -127,6 +145,33 @@ PhaseSummary SummarizePhase(const std::vector<RequestRecord>& records, double se
   summary.e2e = Summarize(std::move(e2e));
   summary.tpot = Summarize(std::move(tpot));
   return summary;
+}
+
+std::vector<ItlWindow> ItlSeries(const std::vector<RequestRecord>& records, double window_seconds,
+                                 double full_until_seconds) {
+  std::vector<ItlWindow> series;
+  if (!(window_seconds > 0)) return series;
+  std::vector<std::vector<double>> by_window;
+  for (const RequestRecord& record : records) {
+    if (!record.succeeded() || record.ttft_seconds < 0) continue;
+    double arrival = record.start_seconds + record.ttft_seconds;
+    for (double gap : record.itl_seconds) {
+      arrival += gap;
+      const size_t index = static_cast<size_t>(std::max(0.0, arrival / window_seconds));
+      if (index >= by_window.size()) by_window.resize(index + 1);
+      by_window[index].push_back(gap);
+    }
+  }
+  for (size_t i = 0; i < by_window.size(); ++i) {
+    ItlWindow window;
+    window.start_seconds = static_cast<double>(i) * window_seconds;
+    window.end_seconds = static_cast<double>(i + 1) * window_seconds;
+    // A little slack for the rounding of window ends.
+    window.full = window.end_seconds <= full_until_seconds + 1e-9 * window_seconds;
+    window.itl = Summarize(std::move(by_window[i]));
+    series.push_back(std::move(window));
+  }
+  return series;
 }
 
 }  // namespace kiln::loadgen

@@ -293,7 +293,7 @@ std::vector<ChartPanel> ReportPanels(const RunReport& report) {
     const std::string name = p < report.summaries.size() ? report.summaries[p].label : "";
     std::vector<double> ttfts, itls, e2es;
     for (const RequestRecord& r : phase.records) {
-      if (r.warmup || !r.ok()) continue;
+      if (r.warmup || !r.succeeded()) continue;
       if (r.ttft_seconds >= 0) ttfts.push_back(r.ttft_seconds);
       itls.insert(itls.end(), r.itl_seconds.begin(), r.itl_seconds.end());
       e2es.push_back(r.e2e_seconds);

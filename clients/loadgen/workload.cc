@@ -189,4 +189,28 @@ RequestSpec PromptSource::Next() {
   return spec;
 }
 
+FaultPlanner::FaultPlanner(double cancel_fraction, double disconnect_fraction, uint64_t seed)
+    : cancel_fraction_(cancel_fraction),
+      disconnect_fraction_(disconnect_fraction),
+      // Apart from the prompts' generator, which is seeded with the seed itself.
+      rng_(seed ^ 0x9e3779b97f4a7c15ULL) {}
+
+FaultPlanner::Plan FaultPlanner::Next(int32_t max_tokens) {
+  const double which = std::uniform_real_distribution<double>(0, 1)(rng_);
+  const double where = std::uniform_real_distribution<double>(0, 1)(rng_);
+  Plan plan;
+  if (max_tokens < 2) return plan;
+  if (which < cancel_fraction_) {
+    plan.fault = ClientFault::kCancel;
+  } else if (which < cancel_fraction_ + disconnect_fraction_) {
+    plan.fault = ClientFault::kDisconnect;
+  } else {
+    return plan;
+  }
+  // Uniform over the max_tokens − 1 counts 1 .. max_tokens − 1.
+  plan.after_tokens =
+      1 + std::min<int32_t>(max_tokens - 2, static_cast<int32_t>(where * (max_tokens - 1)));
+  return plan;
+}
+
 }  // namespace kiln::loadgen

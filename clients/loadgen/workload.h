@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "clients/loadgen/stats.h"
 
 namespace kiln::loadgen {
 
@@ -79,6 +80,25 @@ class PromptSource {
   WorkloadOptions options_;
   std::vector<FilePrompt> file_;
   size_t next_file_ = 0;
+  std::mt19937_64 rng_;
+};
+
+// Which requests the client ends on purpose (--cancel-fraction, --disconnect-fraction) and after
+// how many received tokens: uniform in [1, max_tokens), so always before the last one. Drawn from
+// a generator of its own, in request order, the same number of draws for every request, so that a
+// seed gives the same plan for request N whatever else the run draws. A request of fewer than 2
+// tokens has no such count: it is left alone.
+class FaultPlanner {
+ public:
+  struct Plan {
+    ClientFault fault = ClientFault::kNone;
+    int32_t after_tokens = 0;
+  };
+  FaultPlanner(double cancel_fraction, double disconnect_fraction, uint64_t seed);
+  Plan Next(int32_t max_tokens);
+
+ private:
+  double cancel_fraction_, disconnect_fraction_;
   std::mt19937_64 rng_;
 };
 

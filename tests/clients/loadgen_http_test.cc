@@ -1,9 +1,11 @@
 // kiln-loadgen's OpenAI HTTP target: the --protocol/--api/--api-key flags, and the HTTP runner
 // against a fake OpenAI-compatible server written here with Beast, whose chunks come at a known
 // pace and which can refuse (429), cut a stream short, send an error event, close its
-// connections or stall. (The pieces without I/O are in loadgen_openai_test.cc.)
+// connections or stall, and which tells a client's orderly close from a reset. (The pieces
+// without I/O are in loadgen_openai_test.cc.)
 #include <sys/socket.h>
 
+#include <cerrno>
 #include <chrono>
 #include <condition_variable>
 #include <memory>
@@ -171,6 +173,10 @@ class FakeOpenAiServer {
 
   std::string url() const { return absl::StrCat("http://127.0.0.1:", port_); }
   int connections() const { return connections_.load(); }
+  // Streams that the client ended before their end, as seen between two tokens: by an orderly
+  // close (the connection reads as ended) or by a reset.
+  int peer_closes() const { return peer_closes_.load(); }
+  int peer_resets() const { return peer_resets_.load(); }
   std::vector<SeenRequest> requests() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return requests_;
@@ -199,7 +205,10 @@ class FakeOpenAiServer {
       http::request<http::string_body> request;
       ErrorCode ec;
       http::read(socket, buffer, request, ec);
-      if (ec) return;
+      if (ec) {  // the client closed (or reset) its side: close ours, as servers do
+        ::shutdown(socket.native_handle(), SHUT_RDWR);
+        return;
+      }
       SeenRequest seen;
       seen.path = std::string(request.target().data(), request.target().size());
       const auto authorization = request[http::field::authorization];
@@ -221,6 +230,22 @@ class FakeOpenAiServer {
     ErrorCode ec;
     asio::write(socket, asio::buffer(bytes), ec);
     return !ec;
+  }
+
+  // Whether the client ended the connection (counted): a peek reads 0 bytes after its FIN, and
+  // fails with ECONNRESET after its RST.
+  bool PeerGone(tcp::socket& socket) {
+    char byte = 0;
+    const ssize_t n = ::recv(socket.native_handle(), &byte, 1, MSG_PEEK | MSG_DONTWAIT);
+    if (n == 0) {
+      ++peer_closes_;
+      return true;
+    }
+    if (n < 0 && errno == ECONNRESET) {
+      ++peer_resets_;
+      return true;
+    }
+    return false;
   }
 
   // Sleeps unless the server stops first; false then.
@@ -263,7 +288,7 @@ class FakeOpenAiServer {
     const int per_chunk = model == "multi" || model == "continuous" ? 2 : 1;
     int sent = 0;
     for (int i = 0; sent < max_tokens; ++i) {
-      if (i > 0 && !Sleep(kPace)) return false;
+      if (i > 0 && (!Sleep(kPace) || PeerGone(socket))) return false;
       const int tokens = std::min(per_chunk, max_tokens - sent);
       sent += tokens;
       const std::string text(tokens, 'x');
@@ -318,6 +343,7 @@ class FakeOpenAiServer {
   uint16_t port_ = 0;
   std::thread accept_thread_;
   std::atomic<int> connections_{0};
+  std::atomic<int> peer_closes_{0}, peer_resets_{0};
   mutable std::mutex mutex_;
   std::condition_variable wake_;
   bool stopping_ = false;
@@ -568,6 +594,82 @@ TEST(LoadgenHttpRunnerTest, TimeoutsAndRefusedConnections) {
   config.rate = 1;
   EXPECT_EQ(RunHttpPhase(Target(server), config, prompts).status().code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// Waits up to 5 s for `done`: the fake server notices a client's close only at its next token.
+template <typename Done>
+bool Eventually(Done done) {
+  for (int i = 0; i < 500 && !done(); ++i)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  return done();
+}
+
+TEST(LoadgenHttpRunnerTest, CancelsCloseInOrderAndDisconnectsReset) {
+  constexpr int kRequests = 6, kMaxTokens = 8;
+  for (const ClientFault fault : {ClientFault::kCancel, ClientFault::kDisconnect}) {
+    const bool cancel = fault == ClientFault::kCancel;
+    FakeOpenAiServer server;
+    PhaseConfig config = Closed("paced", 3, kRequests);
+    (cancel ? config.cancel_fraction : config.disconnect_fraction) = 1;
+    PromptSource prompts = Prompts(3, kMaxTokens);
+    LiveCounters live;
+    absl::StatusOr<PhaseResult> result = RunHttpPhase(Target(server), config, prompts, &live);
+    ASSERT_TRUE(result.ok()) << result.status();
+    ASSERT_EQ(result->records.size(), static_cast<size_t>(kRequests));
+    for (const RequestRecord& r : result->records) {
+      EXPECT_EQ(r.planned_fault, fault);
+      EXPECT_EQ(r.fault, fault) << r.code_name() << ": " << r.error;
+      EXPECT_GE(r.fault_after_tokens, 1);
+      EXPECT_LT(r.fault_after_tokens, kMaxTokens);
+      // One token a chunk: the client stops at exactly its count.
+      EXPECT_EQ(r.output_tokens, r.fault_after_tokens);
+      EXPECT_EQ(r.code_name(), cancel ? "cancelled" : "disconnected");
+      EXPECT_EQ(StatusCodeName(r.code), "CANCELLED");
+      EXPECT_FALSE(r.failed());
+      EXPECT_FALSE(r.succeeded());
+    }
+    const PhaseSummary s = Summary(*result);
+    EXPECT_EQ(s.requests, kRequests);
+    EXPECT_EQ(s.failed, 0);
+    EXPECT_EQ(s.succeeded, 0);
+    EXPECT_EQ(cancel ? s.cancelled : s.disconnected, kRequests);
+    EXPECT_TRUE(s.errors_by_code.empty()) << s.errors_by_code.begin()->first;
+    EXPECT_EQ(live.errors.load(), 0);
+    EXPECT_EQ((cancel ? live.cancelled : live.disconnected).load(), kRequests);
+    // A cancel is an orderly close (FIN), a disconnect a reset (RST); neither connection is
+    // used again.
+    EXPECT_TRUE(Eventually([&] {
+      return server.peer_closes() + server.peer_resets() == kRequests;
+    })) << server.peer_closes()
+        << " closes, " << server.peer_resets() << " resets";
+    EXPECT_EQ(cancel ? server.peer_closes() : server.peer_resets(), kRequests);
+    EXPECT_EQ(server.connections(), kRequests);
+  }
+
+  // Over HTTP a token is known by its content chunk. Two tokens a chunk (the count only in the
+  // final usage): a request planned to be cancelled after more tokens than its stream has
+  // chunks ends normally, and counts as a success.
+  FakeOpenAiServer server;
+  PhaseConfig config = Closed("multi", 2, 12);
+  config.cancel_fraction = 1;
+  PromptSource prompts = Prompts(3, 6);  // 3 chunks
+  absl::StatusOr<PhaseResult> result = RunHttpPhase(Target(server), config, prompts);
+  ASSERT_TRUE(result.ok()) << result.status();
+  int cancelled = 0;
+  for (const RequestRecord& r : result->records) {
+    EXPECT_EQ(r.planned_fault, ClientFault::kCancel);
+    if (r.fault_after_tokens <= 3) {
+      EXPECT_EQ(r.fault, ClientFault::kCancel) << r.fault_after_tokens;
+      ++cancelled;
+    } else {
+      EXPECT_EQ(r.fault, ClientFault::kNone) << r.fault_after_tokens;
+      EXPECT_TRUE(r.succeeded()) << r.code_name() << ": " << r.error;
+      EXPECT_EQ(r.output_tokens, 6);
+    }
+  }
+  const PhaseSummary s = Summary(*result);
+  EXPECT_EQ(s.cancelled, cancelled);
+  EXPECT_EQ(s.succeeded, 12 - cancelled);
 }
 
 TEST(LoadgenHttpRunnerTest, OpenLoopAndWarmup) {

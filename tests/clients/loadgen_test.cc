@@ -1,6 +1,7 @@
 // kiln-loadgen: percentile math, goodput, length distributions, Poisson arrivals, prompts, flags,
 // the async runner against an in-process server whose tokens are paced at a known delay, and the
-// JSON, CSV, SVG and text outputs.
+// JSON, CSV, SVG and text outputs. (Client-side faults and the latency series: in
+// loadgen_faults_test.cc.)
 #include <cmath>
 #include <fstream>
 #include <map>
@@ -280,6 +281,10 @@ TEST(LoadgenOptionsTest, HelpDocumentsEveryFlag) {
                            "--csv",
                            "--svg",
                            "--seed",
+                           "--cancel-fraction F",
+                           "--disconnect-fraction F",
+                           "--window DURATION",
+                           "TryCancel",
                            "--help"}) {
     EXPECT_TRUE(absl::StrContains(help, flag)) << flag;
   }

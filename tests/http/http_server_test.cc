@@ -158,6 +158,31 @@ TEST(HttpServerTest, LimitsAndMalformedRequestsAreAnswered) {
   EXPECT_TRUE(absl::StrContains(answer, "malformed HTTP request")) << answer;
 }
 
+TEST(HttpServerTest, ABodyThatStallsPastTheReadTimeoutGets408) {
+  HttpServerOptions options;
+  options.read_timeout = absl::Milliseconds(300);
+  std::unique_ptr<HttpServer> server = StartOrDie(Echo, options);
+  ASSERT_NE(server, nullptr);
+  absl::StatusOr<RawConnection> slow = RawConnection::Open(server->port());
+  ASSERT_TRUE(slow.ok());
+  ASSERT_TRUE(slow->Send("POST /slow HTTP/1.1\r\nHost: t\r\nContent-Length: 10\r\n\r\nabc"));
+  const absl::Time sent = absl::Now();
+  const std::string answer = slow->ReadAll(absl::Seconds(10));
+  EXPECT_TRUE(absl::StartsWith(answer, "HTTP/1.1 408")) << answer;
+  EXPECT_TRUE(absl::StrContains(answer, "read timeout of 300ms")) << answer;
+  EXPECT_GE(absl::Now() - sent, absl::Milliseconds(250));
+  EXPECT_LT(absl::Now() - sent, absl::Seconds(5));
+
+  // A body that arrives in pieces within the timeout is read whole.
+  absl::StatusOr<RawConnection> steady = RawConnection::Open(server->port());
+  ASSERT_TRUE(steady.ok());
+  ASSERT_TRUE(steady->Send(
+      "POST /steady HTTP/1.1\r\nHost: t\r\nContent-Length: 6\r\nConnection: close\r\n\r\nab"));
+  absl::SleepFor(absl::Milliseconds(100));
+  ASSERT_TRUE(steady->Send("cdef"));
+  EXPECT_TRUE(absl::StrContains(steady->ReadAll(), "POST /steady ? 6"));
+}
+
 TEST(HttpServerTest, ExpectContinueGetsItsInterimAnswer) {
   std::unique_ptr<HttpServer> server = StartOrDie(Echo);
   ASSERT_NE(server, nullptr);

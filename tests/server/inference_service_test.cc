@@ -1,6 +1,9 @@
 // The Inference service over a real loopback channel: Generate (token ids and text prompts,
 // stopping, logprobs, the last response's finish reason, usage and timings), Tokenize,
 // Detokenize, and every bad request with the field named.
+#include <thread>
+
+#include "absl/strings/match.h"
 #include "gtest/gtest.h"
 #include "tests/server/server_test_util.h"
 
@@ -263,6 +266,74 @@ TEST_F(InferenceServiceTest, BadTokenizeRequests) {
   detokenize.set_model("text");
   detokenize.add_token_ids(100000);
   EXPECT_CODE(stub().Detokenize(Context().get(), detokenize, &text), INVALID_ARGUMENT, "token_ids");
+}
+
+TEST_F(InferenceServiceTest, RequestsBeyondTheLimitsOrTheContextAreRefused) {
+  auto status_of = [&](const v1::GenerateRequest& request) {
+    return GenerateAll(stub(), request).status;
+  };
+  // max_context is 512: an explicit max_tokens must fit beside the prompt, as vLLM requires.
+  EXPECT_TRUE(status_of(GreedyRequest("plain", std::vector<int32_t>(500, 1), 12)).ok());
+  EXPECT_CODE(status_of(GreedyRequest("plain", std::vector<int32_t>(500, 1), 13)), INVALID_ARGUMENT,
+              "stopping.max_tokens: this model's maximum context length is 512 tokens, but the "
+              "request asks for 513 (500 in the prompt, 13 to generate)");
+  // The default (8 here) takes what the context leaves.
+  StreamResult clipped =
+      GenerateAll(stub(), GreedyRequest("plain", std::vector<int32_t>(508, 1), 0));
+  ASSERT_TRUE(clipped.status.ok()) << clipped.status.error_message();
+  EXPECT_EQ(clipped.tokens.size(), 4u);
+
+  v1::GenerateRequest request = GreedyRequest("text", {1}, 2);
+  for (int i = 0; i < 17; ++i) request.mutable_stopping()->add_stop("x");
+  EXPECT_CODE(status_of(request), INVALID_ARGUMENT,
+              "stopping.stop: 17 stop strings are more than this server's limit of 16 "
+              "(--max-stop-strings)");
+  request = GreedyRequest("text", {1}, 2);
+  request.mutable_stopping()->add_stop(std::string(513, 'x'));
+  EXPECT_CODE(status_of(request), INVALID_ARGUMENT, "stopping.stop[0]: 513 bytes");
+  request = GreedyRequest("plain", {1}, 2);
+  request.set_logprobs(21);
+  EXPECT_CODE(status_of(request), INVALID_ARGUMENT, "logprobs: must be in [0, 20], got 21");
+  // A message over --max-request-bytes (8 MiB by default) is refused by gRPC before parsing.
+  request = GreedyRequest("text", {1}, 2);
+  request.set_prompt(std::string(size_t{9} << 20, 'a'));
+  EXPECT_EQ(status_of(request).error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED);
+  EXPECT_TRUE(status_of(GreedyRequest("plain", {1}, 2)).ok());
+}
+
+TEST(InferenceServiceShutdownTest, StreamsPastTheGraceEndWithTheReason) {
+  ServerOptions options = TestServerOptions();
+  options.models = {{"plain", "plain", "", ""}};
+  options.shutdown_grace = absl::Milliseconds(300);
+  options.token_delay_for_testing = absl::Milliseconds(20);
+  std::unique_ptr<TestServer> server = TestServer::Start(options);
+  ASSERT_NE(server, nullptr);
+  std::unique_ptr<grpc::ClientContext> short_context = Context();
+  std::unique_ptr<grpc::ClientContext> long_context = Context();
+  auto short_stream =
+      server->inference().Generate(short_context.get(), GreedyRequest("plain", {1, 2}, 5));
+  auto long_stream =
+      server->inference().Generate(long_context.get(), GreedyRequest("plain", {1, 2}, 400));
+  v1::GenerateResponse response;
+  ASSERT_TRUE(short_stream->Read(&response));
+  ASSERT_TRUE(long_stream->Read(&response));
+
+  const absl::Time start = absl::Now();
+  std::thread shutdown([&] { server->server().Shutdown(); });
+  int short_tokens = 1;
+  while (short_stream->Read(&response)) short_tokens += response.token_ids_size();
+  EXPECT_TRUE(short_stream->Finish().ok());
+  EXPECT_EQ(short_tokens, 5);  // finished inside the grace
+  while (long_stream->Read(&response)) {
+  }
+  const grpc::Status ended = long_stream->Finish();
+  EXPECT_EQ(ended.error_code(), grpc::StatusCode::UNAVAILABLE) << ended.error_message();
+  EXPECT_TRUE(absl::StrContains(ended.error_message(), "kiln-server is shutting down"))
+      << ended.error_message();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  shutdown.join();
+  // New calls are refused once the server shut down.
+  EXPECT_FALSE(GenerateAll(server->inference(), GreedyRequest("plain", {1}, 2)).status.ok());
 }
 
 }  // namespace

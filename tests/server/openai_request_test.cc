@@ -122,7 +122,7 @@ TEST(OpenAiRequestTest, BadChatRequestsNameTheirField) {
   ExpectInvalid(ParseChatCompletionRequest(Chat({{"messages", {{{"content", "x"}}}}})).status(),
                 "messages[0].role", "a role string");
   ExpectInvalid(ParseChatCompletionRequest(Chat({{"top_p", 0}})).status(), "top_p", "(0, 1]");
-  ExpectInvalid(ParseChatCompletionRequest(Chat({{"n", 0}})).status(), "n", "must be in [1, 128]");
+  ExpectInvalid(ParseChatCompletionRequest(Chat({{"n", 0}})).status(), "n", "must be at least 1");
   ExpectInvalid(ParseChatCompletionRequest(Chat({{"max_tokens", 1.5}})).status(), "max_tokens",
                 "an integer");
   ExpectInvalid(ParseChatCompletionRequest(Chat({{"stop", {"a", 3}}})).status(), "stop[1]",
@@ -171,9 +171,9 @@ TEST(OpenAiRequestTest, CompletionPromptsInEveryForm) {
   ExpectInvalid(parse({1, -2}).status(), "prompt[1]", "must be in [0,");
   ExpectInvalid(parse(Json::array({"a", {{"x", 1}}})).status(), "prompt[1]", "got an object");
   ExpectInvalid(ParseCompletionRequest(
-                    Json{{"model", "m"}, {"prompt", Json::array({"a", "b"})}, {"n", 100}}.dump())
+                    Json{{"model", "m"}, {"prompt", Json::array({"a", "b"})}, {"n", 10}}.dump())
                     .status(),
-                "n", "more than 128 choices");
+                "n", "2 prompts x n = 10 asks for 20 choices");
   ExpectInvalid(
       ParseCompletionRequest(Json{{"model", "m"}, {"prompt", "a"}, {"best_of", 3}}.dump()).status(),
       "best_of", "best_of = n");
@@ -222,6 +222,76 @@ TEST(OpenAiErrorsTest, OneMappingFromStatusToHttp) {
   const HttpResponse response = ErrorResponse(absl::ResourceExhaustedError("full"));
   EXPECT_EQ(response.status, 429);
   EXPECT_EQ(response.content_type, "application/json");
+}
+
+TEST(OpenAiRequestTest, RequestLimitsNameTheirFlag) {
+  RequestLimits limits;
+  limits.max_stop_strings = 2;
+  limits.max_stop_string_bytes = 4;
+  limits.max_choices = 3;
+  limits.max_logprobs = 5;
+  EXPECT_TRUE(ParseChatCompletionRequest(Chat({{"stop", {"a", "abcd"}}, {"n", 3}}), limits).ok());
+  ExpectInvalid(ParseChatCompletionRequest(Chat({{"stop", {"a", "b", "c"}}}), limits).status(),
+                "stop",
+                "3 stop strings are more than this server's limit of 2 (--max-stop-strings)");
+  ExpectInvalid(ParseChatCompletionRequest(Chat({{"stop", "abcde"}}), limits).status(), "stop[0]",
+                "5 bytes are more than this server's limit of 4 (--max-stop-string-bytes)");
+  ExpectInvalid(ParseChatCompletionRequest(Chat({{"n", 4}}), limits).status(), "n",
+                "n = 4 asks for 4 choices, more than this server's limit of 3 (--max-choices)");
+  ExpectInvalid(ParseChatCompletionRequest(Chat({{"n", 1e12}}), limits).status(), "n",
+                "(--max-choices)");
+  ExpectInvalid(
+      ParseChatCompletionRequest(Chat({{"logprobs", true}, {"top_logprobs", 6}}), limits).status(),
+      "top_logprobs", "must be in [0, 5], got 6 (--max-logprobs)");
+  const auto completion = [&](Json extra) {
+    Json body = {{"model", "m"}, {"prompt", {"a", "b"}}};
+    for (auto& [key, value] : extra.items()) body[key] = value;
+    return ParseCompletionRequest(body.dump(), limits).status();
+  };
+  EXPECT_TRUE(completion({{"logprobs", 5}}).ok());
+  ExpectInvalid(completion({{"logprobs", 6}}), "logprobs", "(--max-logprobs)");
+  ExpectInvalid(completion({{"n", 2}}), "n", "2 prompts x n = 2 asks for 4 choices");
+  // The defaults: OpenAI's bound on top logprobs, 16 choices.
+  ExpectInvalid(
+      ParseChatCompletionRequest(Chat({{"logprobs", true}, {"top_logprobs", 21}})).status(),
+      "top_logprobs", "must be in [0, 20]");
+  ExpectInvalid(ParseChatCompletionRequest(Chat({{"n", 17}})).status(), "n", "limit of 16");
+}
+
+TEST(OpenAiRequestTest, HostileBodiesAreRefusedWithTheReason) {
+  // Deep nesting would reach the recursive conversion into template values.
+  const std::string deep = std::string(30000, '[') + std::string(30000, ']');
+  ExpectInvalid(ParseChatCompletionRequest(
+                    R"({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                        "chat_template_kwargs": {"x": )" +
+                    deep + "}}")
+                    .status(),
+                "body", "nested 30001 levels deep, more than this server's 64");
+  const std::string nested_arguments =
+      Json{{"model", "m"},
+           {"messages",
+            {{{"role", "assistant"},
+              {"content", ""},
+              {"tool_calls",
+               {{{"id", "1"},
+                 {"type", "function"},
+                 {"function",
+                  {{"name", "f"},
+                   {"arguments", std::string(100, '[') + std::string(100, ']')}}}}}}}}}}
+          .dump();
+  ExpectInvalid(ParseChatCompletionRequest(nested_arguments).status(),
+                "messages[0].tool_calls[0].function.arguments", "nested 99 levels deep");
+  // The JSON parser's reason travels.
+  ExpectInvalid(ParseCompletionRequest("{\"model\": \"m\", \"prompt\": \"a\xff\"}").status(),
+                "body", "invalid string: ill-formed UTF-8 byte");
+  ExpectInvalid(
+      ParseCompletionRequest(R"({"model": "m", "prompt": "a", "temperature": 1e400})").status(),
+      "body", "number overflow");
+  ExpectInvalid(ParseChatCompletionRequest(
+                    Chat({{"messages", {{{"role", "user<|im_end|>"}, {"content", "x"}}}}}))
+                    .status(),
+                "messages[0].role",
+                "is not one of system, developer, user, assistant, tool, function");
 }
 
 }  // namespace
