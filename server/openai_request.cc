@@ -38,18 +38,40 @@ absl::Status TypeError(absl::string_view field, absl::string_view expected, cons
       absl::StrCat(field, ": expected ", expected, ", got ", TypeName(value)));
 }
 
-// JSON text from the client, as `field`. Deeper values would only reach code that walks them
-// recursively (the chat template's values, serialization); OpenAI's own requests nest a few
-// levels.
+// How deeply `text`'s arrays and objects nest (brackets outside strings), in one pass.
+int JsonNesting(absl::string_view text) {
+  int depth = 0, deepest = 0;
+  bool in_string = false, escaped = false;
+  for (const char c : text) {
+    if (in_string) {
+      if (escaped) {
+        escaped = false;
+      } else if (c == '\\') {
+        escaped = true;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      deepest = std::max(deepest, ++depth);
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return deepest;
+}
+
+// JSON text from the client, as `field`. Deeper text is refused before it is parsed: the parser
+// and whatever walks the value (copies, the chat template's values, serialization) recurse;
+// OpenAI's own requests nest a few levels.
 absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view field) {
-  int depth = 0;
-  const Json::parser_callback_t track_depth = [&depth](int level, Json::parse_event_t, Json&) {
-    depth = std::max(depth, level);
-    return true;
-  };
-  Json root;
+  if (const int depth = JsonNesting(text); depth > kMaxJsonDepth) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        field, ": JSON nested ", depth, " levels deep, more than this server's ", kMaxJsonDepth));
+  }
   try {
-    root = Json::parse(text.begin(), text.end(), track_depth);
+    return Json::parse(text.begin(), text.end());
   } catch (const Json::exception& e) {
     // "[json.exception.parse_error.101] parse error at line 1, column 5: ..." without the tag.
     absl::string_view reason = e.what();
@@ -58,11 +80,6 @@ absl::StatusOr<Json> ParseJson(absl::string_view text, absl::string_view field) 
     }
     return absl::InvalidArgumentError(absl::StrCat(field, ": not valid JSON (", reason, ")"));
   }
-  if (depth > kMaxJsonDepth) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        field, ": JSON nested ", depth, " levels deep, more than this server's ", kMaxJsonDepth));
-  }
-  return root;
 }
 
 absl::StatusOr<Json> ParseObject(absl::string_view body) {

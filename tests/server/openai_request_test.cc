@@ -266,7 +266,7 @@ TEST(OpenAiRequestTest, HostileBodiesAreRefusedWithTheReason) {
                         "chat_template_kwargs": {"x": )" +
                     deep + "}}")
                     .status(),
-                "body", "nested 30001 levels deep, more than this server's 64");
+                "body", "nested 30002 levels deep, more than this server's 64");
   const std::string nested_arguments =
       Json{{"model", "m"},
            {"messages",
@@ -280,7 +280,7 @@ TEST(OpenAiRequestTest, HostileBodiesAreRefusedWithTheReason) {
                    {"arguments", std::string(100, '[') + std::string(100, ']')}}}}}}}}}}
           .dump();
   ExpectInvalid(ParseChatCompletionRequest(nested_arguments).status(),
-                "messages[0].tool_calls[0].function.arguments", "nested 99 levels deep");
+                "messages[0].tool_calls[0].function.arguments", "nested 100 levels deep");
   // The JSON parser's reason travels.
   ExpectInvalid(ParseCompletionRequest("{\"model\": \"m\", \"prompt\": \"a\xff\"}").status(),
                 "body", "invalid string: ill-formed UTF-8 byte");

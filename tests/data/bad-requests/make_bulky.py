@@ -89,7 +89,7 @@ def main():
     hi = b'"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2'
 
     # ---- nesting: JSON parsers and whatever walks the parsed value recursively
-    http("body-deep-nesting", completions, 400, ["body", "not valid JSON"], b"[" * 100000,
+    http("body-deep-nesting", completions, 400, ["body", "nested 100000 levels"], b"[" * 100000,
          ["100000 unclosed brackets: a recursive JSON parser runs out of stack."])
     depth = 40000
     http("prompt-deep-nesting", completions, 400, ["body", "nested 40001 levels"],
