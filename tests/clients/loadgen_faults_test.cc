@@ -20,6 +20,7 @@
 #include "clients/loadgen/workload.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/clients/paced_server_fixture.h"
 #include "tests/server/server_test_util.h"
 
 namespace kiln::loadgen {
@@ -265,32 +266,8 @@ TEST(LoadgenStatsTest, ItlSeriesGroupsTokensByArrivalWindow) {
 
 // ---- the gRPC runner against a server ---------------------------------------------------------
 
-class LoadgenFaultRunnerTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    ServerOptions options = TestServerOptions();
-    options.models = {{"plain", "plain", "", ""}};
-    // Paced tokens: a stream of 10 lasts 200 ms, so that the client ends it well before its end.
-    options.token_delay_for_testing = absl::Milliseconds(20);
-    server_ = TestServer::Start(options).release();
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
-  void SetUp() override { ASSERT_NE(server_, nullptr); }
-
-  static std::vector<std::shared_ptr<grpc::Channel>> Channels() { return {server_->channel()}; }
-  static PromptSource Prompts(int32_t input, int32_t output) {
-    WorkloadOptions workload;
-    workload.input = LengthDistribution::Fixed(input);
-    workload.output = LengthDistribution::Fixed(output);
-    return *PromptSource::Create(workload);
-  }
-
-  static TestServer* server_;
-};
-TestServer* LoadgenFaultRunnerTest::server_ = nullptr;
+// Paced tokens: a stream of 10 lasts 200 ms, so that the client ends it well before its end.
+class LoadgenFaultRunnerTest : public PacedServerTest {};
 
 TEST_F(LoadgenFaultRunnerTest, CancelsAndDroppedConnectionsEndStreamsEarly) {
   constexpr int kRequests = 16, kMaxTokens = 10;

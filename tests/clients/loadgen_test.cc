@@ -21,6 +21,7 @@
 #include "clients/loadgen/workload.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "tests/clients/paced_server_fixture.h"
 #include "tests/server/server_test_util.h"
 
 namespace kiln::loadgen {
@@ -293,33 +294,7 @@ TEST(LoadgenOptionsTest, HelpDocumentsEveryFlag) {
 
 // ---- the runner against a server -----------------------------------------------------------
 
-constexpr absl::Duration kTokenDelay = absl::Milliseconds(20);
-
-class LoadgenRunnerTest : public ::testing::Test {
- protected:
-  static void SetUpTestSuite() {
-    ServerOptions options = TestServerOptions();
-    options.models = {{"plain", "plain", "", ""}};
-    options.token_delay_for_testing = kTokenDelay;
-    server_ = TestServer::Start(options).release();
-  }
-  static void TearDownTestSuite() {
-    delete server_;
-    server_ = nullptr;
-  }
-  void SetUp() override { ASSERT_NE(server_, nullptr); }
-
-  static std::vector<std::shared_ptr<grpc::Channel>> Channels() { return {server_->channel()}; }
-  static PromptSource Prompts(int32_t input, int32_t output) {
-    WorkloadOptions workload;
-    workload.input = LengthDistribution::Fixed(input);
-    workload.output = LengthDistribution::Fixed(output);
-    return *PromptSource::Create(workload);
-  }
-
-  static TestServer* server_;
-};
-TestServer* LoadgenRunnerTest::server_ = nullptr;
+class LoadgenRunnerTest : public PacedServerTest {};
 
 TEST_F(LoadgenRunnerTest, ClosedLoopMeasuresThePacedTokens) {
   constexpr int kRequests = 8, kMaxTokens = 5;
@@ -342,7 +317,7 @@ TEST_F(LoadgenRunnerTest, ClosedLoopMeasuresThePacedTokens) {
   EXPECT_EQ(s.failed, 0);
   EXPECT_EQ(s.output_tokens, kRequests * kMaxTokens);
   EXPECT_EQ(s.input_tokens, kRequests * 4);  // the server's usage.prompt_tokens
-  const double delay = absl::ToDoubleSeconds(kTokenDelay);
+  const double delay = absl::ToDoubleSeconds(kPacedTokenDelay);
   // The machine is noisy: tight lower bounds, loose upper ones.
   EXPECT_GE(s.itl.p50, 0.9 * delay);
   EXPECT_LT(s.itl.p50, 3 * delay);
