@@ -113,21 +113,26 @@ struct Tile {
 // is the same whatever R is: a row's scores do not depend on the rows beside it in its tile, so
 // verifying k tokens gives each the same result as decoding it alone.
 template <int R>
-KILN_AVX512_TARGET inline void ChunkScores(const float* q, int64_t head_dim, const float* keys_t,
-                                           __m512* s) {
+KILN_AVX512_TARGET KILN_ALWAYS_INLINE void ChunkScores(const float* q, int64_t head_dim,
+                                                       const float* keys_t, __m512* s) {
   constexpr int kChains = 4;  // head_dim is a multiple of 16
   __m512 chain[R][kChains];
+  KILN_UNROLL
   for (int r = 0; r < R; ++r) {
+    KILN_UNROLL
     for (int c = 0; c < kChains; ++c) chain[r][c] = _mm512_setzero_ps();
   }
   for (int64_t d = 0; d < head_dim; d += kChains) {
+    KILN_UNROLL
     for (int c = 0; c < kChains; ++c) {
       const __m512 k = _mm512_load_ps(keys_t + (d + c) * kLanes);
+      KILN_UNROLL
       for (int r = 0; r < R; ++r) {
         chain[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * head_dim + d + c]), k, chain[r][c]);
       }
     }
   }
+  KILN_UNROLL
   for (int r = 0; r < R; ++r) {
     s[r] = _mm512_add_ps(_mm512_add_ps(chain[r][0], chain[r][1]),
                          _mm512_add_ps(chain[r][2], chain[r][3]));
@@ -136,25 +141,32 @@ KILN_AVX512_TARGET inline void ChunkScores(const float* q, int64_t head_dim, con
 
 // acc[r][d0 .. d0 + 16·V) = acc · alpha[r] + Σ_j probs[r][j] · value_j, for R rows.
 template <int R, int V>
-KILN_AVX512_TARGET inline void ChunkValues(const float* const* values, int64_t count,
-                                           const float* probs, const float* alpha, int64_t d0,
-                                           int64_t head_dim, float* acc) {
+KILN_AVX512_TARGET KILN_ALWAYS_INLINE void ChunkValues(const float* const* values, int64_t count,
+                                                       const float* probs, const float* alpha,
+                                                       int64_t d0, int64_t head_dim, float* acc) {
   __m512 a[R][V];
+  KILN_UNROLL
   for (int r = 0; r < R; ++r) {
     const __m512 scale = _mm512_set1_ps(alpha[r]);
+    KILN_UNROLL
     for (int v = 0; v < V; ++v) {
       a[r][v] = _mm512_mul_ps(_mm512_loadu_ps(acc + r * head_dim + d0 + 16 * v), scale);
     }
   }
   for (int64_t j = 0; j < count; ++j) {
     __m512 row[V];
+    KILN_UNROLL
     for (int v = 0; v < V; ++v) row[v] = _mm512_loadu_ps(values[j] + d0 + 16 * v);
+    KILN_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m512 p = _mm512_set1_ps(probs[r * kKeysPerChunk + j]);
+      KILN_UNROLL
       for (int v = 0; v < V; ++v) a[r][v] = _mm512_fmadd_ps(p, row[v], a[r][v]);
     }
   }
+  KILN_UNROLL
   for (int r = 0; r < R; ++r) {
+    KILN_UNROLL
     for (int v = 0; v < V; ++v) _mm512_storeu_ps(acc + r * head_dim + d0 + 16 * v, a[r][v]);
   }
 }
@@ -236,11 +248,13 @@ KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int
       float* sub_t = keys_t + b * head_dim * kLanes;
       for (int64_t d = 0; d < head_dim; d += kLanes) {
         __m512 block[kLanes];
+        KILN_UNROLL
         for (int64_t j = 0; j < kLanes; ++j) {
           const int64_t key = b * kLanes + j;
           block[j] = key < count ? _mm512_loadu_ps(key_rows[key] + d) : _mm512_setzero_ps();
         }
         Transpose16x16(block);
+        KILN_UNROLL
         for (int c = 0; c < kLanes; ++c) _mm512_store_ps(sub_t + (d + c) * kLanes, block[c]);
       }
     }

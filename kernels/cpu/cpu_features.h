@@ -6,6 +6,15 @@
 // VNNI) add them to their own target attribute and check.
 #define KILN_AVX512_TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
 
+// Put before a loop over a compile-time count of registers (rows, column vectors): unrolled, the
+// accumulators stay in registers; GCC at -O2 otherwise keeps such arrays on the stack.
+#define KILN_ALWAYS_INLINE inline __attribute__((always_inline))
+#if defined(__clang__)
+#define KILN_UNROLL _Pragma("unroll")
+#else
+#define KILN_UNROLL _Pragma("GCC unroll 16")
+#endif
+
 namespace kiln::cpu {
 
 // Whether this CPU has AVX-512 F, DQ, BW and VL (KILN_AVX512_TARGET).

@@ -144,8 +144,8 @@ void QuantizeActivations(const PackedView& w, const float* x, int64_t m, Quantiz
 }
 
 // Masked store of one vector of 16 columns starting at `col`, with the bias.
-KILN_VNNI_TARGET inline void StoreColumns(__m512 value, const float* bias, int64_t col, int64_t n,
-                                          float* y_row) {
+KILN_VNNI_TARGET KILN_ALWAYS_INLINE void StoreColumns(__m512 value, const float* bias, int64_t col,
+                                                      int64_t n, float* y_row) {
   const int64_t valid = std::clamp<int64_t>(n - col, 0, 16);
   if (valid == 0) return;
   const __mmask16 mask = static_cast<__mmask16>((uint32_t{1} << valid) - 1);
@@ -161,25 +161,33 @@ KILN_VNNI_TARGET void Int8Panel(const PackedView& w, const QuantizedActivations&
   const uint8_t* panel = w.data + p * w.panel_bytes;
   const int8_t* x = a.values.data() + row0 * w.k_padded;
   __m512i acc[R][4];
+  KILN_UNROLL
   for (int r = 0; r < R; ++r) {
+    KILN_UNROLL
     for (int b = 0; b < 4; ++b) acc[r][b] = _mm512_setzero_si512();
   }
   const int64_t quads = w.k_padded / 4;
   for (int64_t j = 0; j < quads; ++j) {
     const uint8_t* q = panel + j * kQuadBytesInt8;
+    KILN_UNROLL
     for (int line = 0; line < 4; ++line) Prefetch(q + kPrefetchBytes + 64 * line);
     __m512i weights[4];
+    KILN_UNROLL
     for (int b = 0; b < 4; ++b) weights[b] = _mm512_load_si512(q + 64 * b);
+    KILN_UNROLL
     for (int r = 0; r < R; ++r) {
       int32_t quad;
       std::memcpy(&quad, x + r * w.k_padded + 4 * j, sizeof(quad));
       const __m512i xr = _mm512_set1_epi32(quad);
+      KILN_UNROLL
       for (int b = 0; b < 4; ++b) acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], weights[b], xr);
     }
   }
+  KILN_UNROLL
   for (int b = 0; b < 4; ++b) {
     const int64_t col = p * kInt8PanelColumns + 16 * b;
     const __m512 column_scales = _mm512_load_ps(w.scales + col);
+    KILN_UNROLL
     for (int r = 0; r < R; ++r) {
       const size_t at = static_cast<size_t>(row0 + r);
       const __m512 sums =
@@ -200,24 +208,31 @@ KILN_VNNI_TARGET void Int4Panel(const PackedView& w, const QuantizedActivations&
   const int8_t* x = a.values.data() + row0 * w.k_padded;
   const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
   __m512 total[R][2];
+  KILN_UNROLL
   for (int r = 0; r < R; ++r) total[r][0] = total[r][1] = _mm512_setzero_ps();
   for (int64_t g = 0; g < groups; ++g) {
     const uint8_t* block = panel + g * kInt4GroupBytes;
+    KILN_UNROLL
     for (int line = 0; line < 9; ++line) Prefetch(block + kPrefetchBytes + 64 * line);
     __m512i acc[R][2];
+    KILN_UNROLL
     for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_si512();
+    KILN_UNROLL
     for (int i = 0; i < 4; ++i) {
       __m512i lo[2], hi[2];
+      KILN_UNROLL
       for (int b = 0; b < 2; ++b) {
         const __m512i raw = _mm512_load_si512(block + (b * 4 + i) * 64);
         lo[b] = _mm512_and_si512(raw, low_nibbles);
         hi[b] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_nibbles);
       }
+      KILN_UNROLL
       for (int r = 0; r < R; ++r) {
         int32_t quads[2];
         std::memcpy(quads, x + r * w.k_padded + g * kInt4GroupSize + 8 * i, sizeof(quads));
         const __m512i x_lo = _mm512_set1_epi32(quads[0]);
         const __m512i x_hi = _mm512_set1_epi32(quads[1]);
+        KILN_UNROLL
         for (int b = 0; b < 2; ++b) {
           acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], lo[b], x_lo);
           acc[r][b] = _mm512_dpbusd_epi32(acc[r][b], hi[b], x_hi);
@@ -227,10 +242,12 @@ KILN_VNNI_TARGET void Int4Panel(const PackedView& w, const QuantizedActivations&
     const auto* scale_bits = reinterpret_cast<const __m256i*>(block + kInt4GroupWeightBytes);
     const __m512 column_scales[2] = {_mm512_cvtph_ps(_mm256_load_si256(scale_bits)),
                                      _mm512_cvtph_ps(_mm256_load_si256(scale_bits + 1))};
+    KILN_UNROLL
     for (int r = 0; r < R; ++r) {
       const size_t at = static_cast<size_t>((row0 + r) * groups + g);
       const __m512i offset = _mm512_set1_epi32(a.offsets[at]);
       const __m512 row_scale = _mm512_set1_ps(a.scales[at]);
+      KILN_UNROLL
       for (int b = 0; b < 2; ++b) {
         const __m512 sums = _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[r][b], offset));
         total[r][b] =
@@ -238,8 +255,10 @@ KILN_VNNI_TARGET void Int4Panel(const PackedView& w, const QuantizedActivations&
       }
     }
   }
+  KILN_UNROLL
   for (int b = 0; b < 2; ++b) {
     const int64_t col = p * kInt4PanelColumns + 16 * b;
+    KILN_UNROLL
     for (int r = 0; r < R; ++r) StoreColumns(total[r][b], w.bias, col, w.n, y + (row0 + r) * w.n);
   }
 }

@@ -31,8 +31,9 @@ thread_local std::vector<float> tls_x_f32;
 // Writes R rows × B vectors of accumulators to y (row stride n) for columns
 // [col, col + 16·B) ∩ [0, n), adding the bias.
 template <int R, int B>
-KILN_AVX512_TARGET inline void StorePanel(const __m512 (&acc)[R][4], const float* bias, int64_t col,
-                                          int64_t n, float* y) {
+KILN_AVX512_TARGET KILN_ALWAYS_INLINE void StorePanel(const __m512 (&acc)[R][4], const float* bias,
+                                                      int64_t col, int64_t n, float* y) {
+  KILN_UNROLL
   for (int b = 0; b < B; ++b) {
     const int64_t first = col + 16 * b;
     const int64_t valid = std::clamp<int64_t>(n - first, 0, 16);
@@ -40,6 +41,7 @@ KILN_AVX512_TARGET inline void StorePanel(const __m512 (&acc)[R][4], const float
     const __mmask16 mask = static_cast<__mmask16>((uint32_t{1} << valid) - 1);
     const __m512 add =
         bias != nullptr ? _mm512_maskz_loadu_ps(mask, bias + first) : _mm512_setzero_ps();
+    KILN_UNROLL
     for (int r = 0; r < R; ++r) {
       _mm512_mask_storeu_ps(y + r * n + first, mask, _mm512_add_ps(acc[r][b], add));
     }
@@ -80,27 +82,36 @@ void ForRowCount(int64_t m, Rows&& rows) {
 // two cache lines of every k pair, so the panel is still read once. Every row sums in the same
 // order whatever R is, so a row's result does not depend on the rows beside it.
 template <int R, int B>
-KILN_AVX512_BF16_TARGET inline void PanelBf16(const uint16_t* panel, int64_t j_begin, int64_t j_end,
-                                              int b0, const uint32_t* x, int64_t x_stride,
-                                              __m512 (&acc)[R][4]) {
+KILN_AVX512_BF16_TARGET KILN_ALWAYS_INLINE void PanelBf16(const uint16_t* panel, int64_t j_begin,
+                                                          int64_t j_end, int b0, const uint32_t* x,
+                                                          int64_t x_stride, __m512 (&acc)[R][4]) {
+  KILN_UNROLL
   for (int r = 0; r < R; ++r) {
+    KILN_UNROLL
     for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
   }
   const uint16_t* base = panel + 32 * b0;
   for (int64_t j = j_begin; j < j_end; ++j) {
     const uint16_t* p = base + j * 128;
-    for (int line = 0; line < B; ++line) Prefetch(p + kPrefetchBytes / 2 + line * 32);
-    if (B < 4 && b0 == 0) {
+    if constexpr (kPrefetchBytes > 0) {
+      KILN_UNROLL
+      for (int line = 0; line < B; ++line) Prefetch(p + kPrefetchBytes / 2 + line * 32);
+    }
+    if (kPrefetchBytes > 0 && B < 4 && b0 == 0) {
       // The other half's lines, into L2 for the second pass.
+      KILN_UNROLL
       for (int line = B; line < 4; ++line) {
         _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes / 2 + line * 32),
                      _MM_HINT_T1);
       }
     }
     __m512bh w[B];
+    KILN_UNROLL
     for (int b = 0; b < B; ++b) w[b] = (__m512bh)_mm512_load_si512(p + 32 * b);
+    KILN_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m512bh xr = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[r * x_stride + j]));
+      KILN_UNROLL
       for (int b = 0; b < B; ++b) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], xr, w[b]);
     }
   }
@@ -114,13 +125,16 @@ KILN_AVX512_BF16_TARGET void RowsBf16(const PanelWeights& w, const uint32_t* x, 
   const int64_t block_pairs = w.k_block > 0 ? w.k_block / 2 : pairs;
   for (int64_t p = p_begin; p < p_end; ++p) {
     const uint16_t* panel = data + p * w.k_padded * kPanelColumns;
+    KILN_UNROLL
     for (int b0 = 0; b0 < 4; b0 += B) {
       __m512 total[R][4];
       PanelBf16<R, B>(panel, 0, std::min(pairs, block_pairs), b0, x, x_stride, total);
       for (int64_t j = block_pairs; j < pairs; j += block_pairs) {
         __m512 acc[R][4];
         PanelBf16<R, B>(panel, j, std::min(pairs, j + block_pairs), b0, x, x_stride, acc);
+        KILN_UNROLL
         for (int r = 0; r < R; ++r) {
+          KILN_UNROLL
           for (int b = 0; b < B; ++b) total[r][b] = _mm512_add_ps(total[r][b], acc[r][b]);
         }
       }
@@ -160,19 +174,28 @@ KILN_AVX512_BF16_TARGET void ToBf16Padded(const float* x, int64_t m, int64_t k, 
 // ---- f32: a panel is [k_padded][64] ---------------------------------------------------------
 
 template <int R, int B>
-KILN_AVX512_TARGET inline void PanelF32(const float* panel, int64_t i_begin, int64_t i_end, int b0,
-                                        const float* x, int64_t x_stride, __m512 (&acc)[R][4]) {
+KILN_AVX512_TARGET KILN_ALWAYS_INLINE void PanelF32(const float* panel, int64_t i_begin,
+                                                    int64_t i_end, int b0, const float* x,
+                                                    int64_t x_stride, __m512 (&acc)[R][4]) {
+  KILN_UNROLL
   for (int r = 0; r < R; ++r) {
+    KILN_UNROLL
     for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
   }
   const float* base = panel + 16 * b0;
   for (int64_t i = i_begin; i < i_end; ++i) {
     const float* p = base + i * 64;
-    for (int line = 0; line < B; ++line) Prefetch(p + kPrefetchBytes / 4 + line * 16);
+    KILN_UNROLL
+    for (int line = 0; line < B && kPrefetchBytes > 0; ++line) {
+      Prefetch(p + kPrefetchBytes / 4 + line * 16);
+    }
     __m512 w[B];
+    KILN_UNROLL
     for (int b = 0; b < B; ++b) w[b] = _mm512_load_ps(p + 16 * b);
+    KILN_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m512 xr = _mm512_set1_ps(x[r * x_stride + i]);
+      KILN_UNROLL
       for (int b = 0; b < B; ++b) acc[r][b] = _mm512_fmadd_ps(xr, w[b], acc[r][b]);
     }
   }
@@ -185,13 +208,16 @@ KILN_AVX512_TARGET void RowsF32(const PanelWeights& w, const float* x, int64_t x
   const int64_t block = w.k_block > 0 ? w.k_block : w.k_padded;
   for (int64_t p = p_begin; p < p_end; ++p) {
     const float* panel = data + p * w.k_padded * kPanelColumns;
+    KILN_UNROLL
     for (int b0 = 0; b0 < 4; b0 += B) {
       __m512 total[R][4];
       PanelF32<R, B>(panel, 0, std::min(w.k_padded, block), b0, x, x_stride, total);
       for (int64_t i = block; i < w.k_padded; i += block) {
         __m512 acc[R][4];
         PanelF32<R, B>(panel, i, std::min(w.k_padded, i + block), b0, x, x_stride, acc);
+        KILN_UNROLL
         for (int r = 0; r < R; ++r) {
+          KILN_UNROLL
           for (int b = 0; b < B; ++b) total[r][b] = _mm512_add_ps(total[r][b], acc[r][b]);
         }
       }

@@ -11,7 +11,7 @@ namespace kiln::cpu {
 // e^x in each lane, within 2 ulp of the exact value for results above FLT_MIN (Cody–Waite
 // reduction by ln 2, a degree-7 polynomial, then 2ⁿ by vscalefps). NaN stays NaN, −inf gives 0,
 // x above 88.72 gives +inf, as std::exp does.
-KILN_AVX512_TARGET inline __m512 Exp16(__m512 x) {
+KILN_AVX512_TARGET KILN_ALWAYS_INLINE __m512 Exp16(__m512 x) {
   // max/min return their second operand when either is NaN, so a NaN passes through.
   x = _mm512_max_ps(_mm512_set1_ps(-104.0f), x);
   x = _mm512_min_ps(_mm512_set1_ps(89.0f), x);
@@ -31,13 +31,15 @@ KILN_AVX512_TARGET inline __m512 Exp16(__m512 x) {
 }
 
 // Transposes 16 rows of 16 floats in place: afterwards rows[c] holds column c.
-KILN_AVX512_TARGET inline void Transpose16x16(__m512 rows[16]) {
+KILN_AVX512_TARGET KILN_ALWAYS_INLINE void Transpose16x16(__m512 rows[16]) {
   __m512 t[16], u[16], v[16];
+  KILN_UNROLL
   for (int i = 0; i < 8; ++i) {
     t[2 * i] = _mm512_unpacklo_ps(rows[2 * i], rows[2 * i + 1]);
     t[2 * i + 1] = _mm512_unpackhi_ps(rows[2 * i], rows[2 * i + 1]);
   }
   // u[4g + c]: rows 4g .. 4g+3 at columns c, c+4, c+8, c+12 (one per 128-bit lane).
+  KILN_UNROLL
   for (int g = 0; g < 4; ++g) {
     const __m512d lo = _mm512_castps_pd(t[4 * g]), hi = _mm512_castps_pd(t[4 * g + 1]);
     const __m512d lo2 = _mm512_castps_pd(t[4 * g + 2]), hi2 = _mm512_castps_pd(t[4 * g + 3]);
@@ -47,12 +49,14 @@ KILN_AVX512_TARGET inline void Transpose16x16(__m512 rows[16]) {
     u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi, hi2));
   }
   // v[2c], v[2c+1]: rows 0..7 at columns (c, c+8) and (c+4, c+12); v[8+2c], v[9+2c]: rows 8..15.
+  KILN_UNROLL
   for (int c = 0; c < 4; ++c) {
     v[2 * c] = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88);
     v[2 * c + 1] = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
     v[8 + 2 * c] = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88);
     v[9 + 2 * c] = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
   }
+  KILN_UNROLL
   for (int c = 0; c < 4; ++c) {
     rows[c] = _mm512_shuffle_f32x4(v[2 * c], v[8 + 2 * c], 0x88);
     rows[c + 8] = _mm512_shuffle_f32x4(v[2 * c], v[8 + 2 * c], 0xdd);
