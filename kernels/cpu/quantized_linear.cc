@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/host_memory.h"
+#include "kernels/cpu/panel_split.h"
 #include "kernels/dtype.h"
 
 // GCC 12 reports the _mm512_undefined_ps() pass-through operand inside its own intrinsics
@@ -441,16 +442,9 @@ class QuantizedLinear final : public PackedLinear {
     const int64_t useful_threads =
         std::clamp<int64_t>(view_.panels * view_.panel_bytes * passes / kMinBytesPerThread, 1,
                             std::min<int64_t>(threads, view_.panels));
-    if (useful_threads <= 1) {
-      RunPanels(view_, a, m, 0, view_.panels, y);
-      return;
-    }
-#pragma omp parallel num_threads(static_cast <int>(useful_threads))
-    {
-      const int64_t t = omp_get_thread_num();
-      const int64_t nt = omp_get_num_threads();
-      RunPanels(view_, a, m, view_.panels * t / nt, view_.panels * (t + 1) / nt, y);
-    }
+    const int64_t chunk = std::max<int64_t>(1, (int64_t{256} << 10) / view_.panel_bytes);
+    ForPanelsBalanced(view_.panels, chunk, static_cast<int>(useful_threads),
+                      [&](int64_t begin, int64_t end) { RunPanels(view_, a, m, begin, end, y); });
   }
 
  private:

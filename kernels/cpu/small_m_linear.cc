@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/panel_split.h"
 
 namespace kiln::cpu {
 namespace {
@@ -262,24 +263,18 @@ void RunSmallM(const PanelWeights& w, const float* x, int64_t m, float* y, int t
     F32Padded(x, m, w.k, w.k_padded, tls_x_f32.data());
     xp = tls_x_f32.data();
   }
-  auto run_range = [&](int64_t begin, int64_t end) {
-    if (begin >= end) return;
-    if (w.dtype == DType::kBF16) {
-      RangeBf16(w, static_cast<const uint16_t*>(xp), m, begin, end, y);
-    } else {
-      RangeF32(w, static_cast<const float*>(xp), m, begin, end, y);
-    }
-  };
-  if (useful_threads <= 1) {
-    run_range(0, panels);
-    return;
-  }
-#pragma omp parallel num_threads(static_cast <int>(useful_threads))
-  {
-    const int64_t t = omp_get_thread_num();
-    const int64_t nt = omp_get_num_threads();
-    run_range(panels * t / nt, panels * (t + 1) / nt);
-  }
+  // About 256 KiB of weights per chunk: long enough runs for the prefetchers, enough chunks to
+  // even out the threads.
+  const int64_t panel_bytes = w.k_padded * kPanelColumns * DTypeSize(w.dtype);
+  const int64_t chunk = std::max<int64_t>(1, (int64_t{256} << 10) / panel_bytes);
+  ForPanelsBalanced(panels, chunk, static_cast<int>(useful_threads),
+                    [&](int64_t begin, int64_t end) {
+                      if (w.dtype == DType::kBF16) {
+                        RangeBf16(w, static_cast<const uint16_t*>(xp), m, begin, end, y);
+                      } else {
+                        RangeF32(w, static_cast<const float*>(xp), m, begin, end, y);
+                      }
+                    });
 }
 
 }  // namespace kiln::cpu

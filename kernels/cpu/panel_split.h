@@ -1,0 +1,44 @@
+// Splits a decode-path linear's panels over OpenMP threads so that each thread streams its own
+// contiguous run, yet a thread the machine slows (a busy sibling core, an interrupt) does not hold
+// the layer: each thread takes chunks of its run from the front, and a thread whose run is done
+// takes chunks from the back of the others' runs. Measured on a 2-core VM, the two threads of a
+// static split spent 38 % and 28 % of the decode in the same kernel, the faster one waiting.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+
+#include "absl/functional/function_ref.h"
+
+namespace kiln::cpu {
+
+// A thread's run of chunks [front, back), claimed one at a time from either end.
+struct alignas(64) ChunkRun {
+  std::atomic<uint64_t> bounds{0};  // front in the low 32 bits, back in the high 32
+
+  static uint64_t Pack(uint32_t front, uint32_t back) { return uint64_t{back} << 32 | front; }
+  void Reset(uint32_t front, uint32_t back) {
+    bounds.store(Pack(front, back), std::memory_order_relaxed);
+  }
+  // The next chunk from the front (the owner) or the back (another thread); false when empty.
+  bool Claim(bool from_front, uint32_t* chunk) {
+    uint64_t seen = bounds.load(std::memory_order_relaxed);
+    while (true) {
+      const auto front = static_cast<uint32_t>(seen);
+      const auto back = static_cast<uint32_t>(seen >> 32);
+      if (front >= back) return false;
+      const uint64_t next = from_front ? Pack(front + 1, back) : Pack(front, back - 1);
+      if (bounds.compare_exchange_weak(seen, next, std::memory_order_relaxed)) {
+        *chunk = from_front ? front : back - 1;
+        return true;
+      }
+    }
+  }
+};
+
+// Calls run(begin, end) for consecutive ranges of [0, panels), `chunk` panels at a time (the
+// last shorter), on `threads` OpenMP threads (1: in the caller, in order). Every panel is run once.
+void ForPanelsBalanced(int64_t panels, int64_t chunk, int threads,
+                       absl::FunctionRef<void(int64_t begin, int64_t end)> run);
+
+}  // namespace kiln::cpu
