@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "engine/argmax.h"
+
 namespace kiln::bench {
 
 using Clock = std::chrono::steady_clock;
@@ -20,9 +22,8 @@ inline double Median(std::vector<double> values) {
   return values.empty() ? 0.0 : values[values.size() / 2];
 }
 
-// The index of the largest logit: the greedy next token.
-inline int32_t Argmax(const std::vector<float>& logits) {
-  return static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
-}
+// The index of the largest logit, the greedy next token: the engine's own pick, so a bench's decode
+// loop costs what serving's does.
+inline int32_t Argmax(const std::vector<float>& logits) { return ArgmaxFirst(logits); }
 
 }  // namespace kiln::bench

@@ -5,15 +5,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
+#include "engine/argmax.h"
 
 namespace kiln {
-namespace {
-
-int32_t Argmax(std::span<const float> row) {
-  return static_cast<int32_t>(std::max_element(row.begin(), row.end()) - row.begin());
-}
-
-}  // namespace
 
 // Members are public: the class is private to MtpDraftSource, whose ProposeBatch drives it.
 class MtpDraftSource::Session final : public DraftSession {
@@ -124,7 +118,7 @@ void MtpDraftSource::ProposeBatch(const PreparedModel& model, std::span<DraftCal
       row_end += chunks[i].tokens.size();
       if (step == 0) a.session->consumed += static_cast<int64_t>(chunks[i].tokens.size());
       if (a.call->k == 0) continue;  // only taking in the target's states
-      a.token = Argmax(std::span<const float>(logits).subspan(i * vocab, vocab));
+      a.token = ArgmaxFirst(std::span<const float>(logits).subspan(i * vocab, vocab));
       a.call->result->tokens.push_back(a.token);
       const auto last = hidden_out.begin() + static_cast<ptrdiff_t>(row_end * hidden_size);
       a.state.assign(last - hidden_size, last);

@@ -5,13 +5,14 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "engine/argmax.h"
 
 namespace kiln {
 namespace {
 
 // log-softmax normaliser of raw logits: log Σ exp(x).
 float LogSumExp(std::span<const float> logits) {
-  const float max = *std::max_element(logits.begin(), logits.end());
+  const float max = MaxValue(logits);
   double sum = 0;
   for (float x : logits) sum += std::exp(static_cast<double>(x - max));
   return max + static_cast<float>(std::log(sum));
@@ -168,11 +169,10 @@ SampledToken Sampler::Sample(std::span<float> logits, int32_t top_logprobs) {
   ApplyPenalties(logits);
   int32_t token_id = 0;
   if (params_.temperature == 0.0f) {
-    token_id =
-        static_cast<int32_t>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    token_id = ArgmaxFirst(logits);
   } else if (params_.top_k == 0 && params_.top_p >= 1.0f && params_.min_p == 0.0f) {
     // Plain sampling at the temperature: no sort needed.
-    const float max = *std::max_element(logits.begin(), logits.end());
+    const float max = MaxValue(logits);
     double total = 0;
     for (float& x : logits) {
       x = static_cast<float>(std::exp(static_cast<double>((x - max) / params_.temperature)));
@@ -219,16 +219,16 @@ std::span<const float> Sampler::Penalized(std::span<const float> logits) {
 
 int32_t Sampler::Argmax(std::span<const float> logits) {
   const std::span<const float> x = Penalized(logits);
-  return static_cast<int32_t>(std::max_element(x.begin(), x.end()) - x.begin());
+  return ArgmaxFirst(x);
 }
 
 void Sampler::Distribution(std::span<const float> logits, std::vector<float>* probs) {
   const std::span<const float> x = Penalized(logits);
   probs->assign(x.size(), 0.0f);
   if (params_.temperature == 0.0f) {
-    (*probs)[static_cast<size_t>(std::max_element(x.begin(), x.end()) - x.begin())] = 1.0f;
+    (*probs)[static_cast<size_t>(ArgmaxFirst(x))] = 1.0f;
   } else if (params_.top_k == 0 && params_.top_p >= 1.0f && params_.min_p == 0.0f) {
-    const float max = *std::max_element(x.begin(), x.end());
+    const float max = MaxValue(x);
     double total = 0;
     for (size_t i = 0; i < x.size(); ++i) {
       // The same float rounding as Sample's fast path.
