@@ -11,7 +11,7 @@ namespace kiln::cpu {
 // Null when out of memory. Large blocks are 2 MiB aligned and advised for huge pages: packed
 // weights of a real model are hundreds of MB, and 2 MiB pages make first touch ~500× fewer page
 // faults and cut TLB misses when decode streams them (transparent_hugepage "madvise" mode, the
-// default, backs only ranges that ask). Blocks from 256 KiB to 4 MiB share 2 MiB-page slabs.
+// default, backs only ranges that ask).
 void* AllocateHost(size_t bytes);
 void FreeHost(void* data);
 

@@ -1,5 +1,5 @@
 // The CPU backend's host allocator: alignment, no overlap between live blocks of every size class
-// (small, slab-shared, huge-page runs), and freeing in any order, slabs included.
+// (small, huge-page runs), and freeing in any order.
 #include "kernels/cpu/host_memory.h"
 
 #include <algorithm>
@@ -58,9 +58,8 @@ TEST(HostMemoryTest, BlocksOfEverySizeAreAlignedDisjointAndKeepTheirBytes) {
   FreeHost(nullptr);
 }
 
-TEST(HostMemoryTest, SlabBlocksFreedAndReallocatedManyTimesStayUsable) {
-  // Far more slab-sized blocks than one slab holds, freed in random order while others are live:
-  // a slab goes back only when its last block does, and the survivors keep their bytes.
+TEST(HostMemoryTest, BlocksFreedAndReallocatedManyTimesStayUsable) {
+  // Mid-size blocks freed in random order while others are live: the survivors keep their bytes.
   std::mt19937 rng(11);
   std::uniform_int_distribution<size_t> size(256 << 10, (4 << 20) - 1);
   std::vector<std::pair<Block, uint8_t>> live;
