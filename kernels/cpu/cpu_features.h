@@ -6,9 +6,11 @@
 // VNNI) add them to their own target attribute and check.
 #define KILN_AVX512_TARGET __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl")))
 
+// For a kernel's helpers over register arrays: inlined, the arrays can live in registers.
+#define KILN_ALWAYS_INLINE inline __attribute__((always_inline))
+
 // Put before a loop over a compile-time count of registers (rows, column vectors): unrolled, the
 // accumulators stay in registers; GCC at -O2 otherwise keeps such arrays on the stack.
-#define KILN_ALWAYS_INLINE inline __attribute__((always_inline))
 #if defined(__clang__)
 #define KILN_UNROLL _Pragma("unroll")
 #else

@@ -33,7 +33,7 @@ void ForPanelsBalanced(int64_t panels, int64_t chunk, int threads,
     const int t = omp_get_thread_num();
     uint32_t c = 0;
     while (shared[t].Claim(/*from_front=*/true, &c)) run_chunk(c);
-    // Runs of threads OpenMP did not start (nt < threads) are taken as others' runs.
+    // Also the runs of threads OpenMP did not start, if it gave fewer than asked.
     for (int step = 1; step < threads; ++step) {
       ChunkRun& other = shared[(t + step) % threads];
       while (other.Claim(/*from_front=*/false, &c)) run_chunk(c);

@@ -5,6 +5,7 @@
 // static split spent 38 % and 28 % of the decode in the same kernel, the faster one waiting.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
@@ -35,6 +36,12 @@ struct alignas(64) ChunkRun {
     }
   }
 };
+
+// Panels per chunk for panels of `panel_bytes`: about 256 KiB of weights, long enough runs for
+// the prefetchers and enough chunks to even out the threads.
+inline int64_t PanelsPerChunk(int64_t panel_bytes) {
+  return std::max<int64_t>(1, (int64_t{256} << 10) / std::max<int64_t>(1, panel_bytes));
+}
 
 // Calls run(begin, end) for consecutive ranges of [0, panels), `chunk` panels at a time (the
 // last shorter), on `threads` OpenMP threads (1: in the caller, in order). Every panel is run once.

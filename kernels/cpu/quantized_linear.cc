@@ -442,8 +442,8 @@ class QuantizedLinear final : public PackedLinear {
     const int64_t useful_threads =
         std::clamp<int64_t>(view_.panels * view_.panel_bytes * passes / kMinBytesPerThread, 1,
                             std::min<int64_t>(threads, view_.panels));
-    const int64_t chunk = std::max<int64_t>(1, (int64_t{256} << 10) / view_.panel_bytes);
-    ForPanelsBalanced(view_.panels, chunk, static_cast<int>(useful_threads),
+    ForPanelsBalanced(view_.panels, PanelsPerChunk(view_.panel_bytes),
+                      static_cast<int>(useful_threads),
                       [&](int64_t begin, int64_t end) { RunPanels(view_, a, m, begin, end, y); });
   }
 

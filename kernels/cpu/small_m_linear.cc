@@ -1,7 +1,6 @@
 #include "kernels/cpu/small_m_linear.h"
 
 #include <immintrin.h>
-#include <omp.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -94,11 +93,9 @@ KILN_AVX512_BF16_TARGET KILN_ALWAYS_INLINE void PanelBf16(const uint16_t* panel,
   const uint16_t* base = panel + 32 * b0;
   for (int64_t j = j_begin; j < j_end; ++j) {
     const uint16_t* p = base + j * 128;
-    if constexpr (kPrefetchBytes > 0) {
-      KILN_UNROLL
-      for (int line = 0; line < B; ++line) Prefetch(p + kPrefetchBytes / 2 + line * 32);
-    }
-    if (kPrefetchBytes > 0 && B < 4 && b0 == 0) {
+    KILN_UNROLL
+    for (int line = 0; line < B; ++line) Prefetch(p + kPrefetchBytes / 2 + line * 32);
+    if (B < 4 && b0 == 0) {
       // The other half's lines, into L2 for the second pass.
       KILN_UNROLL
       for (int line = B; line < 4; ++line) {
@@ -187,9 +184,7 @@ KILN_AVX512_TARGET KILN_ALWAYS_INLINE void PanelF32(const float* panel, int64_t 
   for (int64_t i = i_begin; i < i_end; ++i) {
     const float* p = base + i * 64;
     KILN_UNROLL
-    for (int line = 0; line < B && kPrefetchBytes > 0; ++line) {
-      Prefetch(p + kPrefetchBytes / 4 + line * 16);
-    }
+    for (int line = 0; line < B; ++line) Prefetch(p + kPrefetchBytes / 4 + line * 16);
     __m512 w[B];
     KILN_UNROLL
     for (int b = 0; b < B; ++b) w[b] = _mm512_load_ps(p + 16 * b);
@@ -263,11 +258,8 @@ void RunSmallM(const PanelWeights& w, const float* x, int64_t m, float* y, int t
     F32Padded(x, m, w.k, w.k_padded, tls_x_f32.data());
     xp = tls_x_f32.data();
   }
-  // About 256 KiB of weights per chunk: long enough runs for the prefetchers, enough chunks to
-  // even out the threads.
   const int64_t panel_bytes = w.k_padded * kPanelColumns * DTypeSize(w.dtype);
-  const int64_t chunk = std::max<int64_t>(1, (int64_t{256} << 10) / panel_bytes);
-  ForPanelsBalanced(panels, chunk, static_cast<int>(useful_threads),
+  ForPanelsBalanced(panels, PanelsPerChunk(panel_bytes), static_cast<int>(useful_threads),
                     [&](int64_t begin, int64_t end) {
                       if (w.dtype == DType::kBF16) {
                         RangeBf16(w, static_cast<const uint16_t*>(xp), m, begin, end, y);
