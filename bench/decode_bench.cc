@@ -36,6 +36,9 @@ ABSL_FLAG(int32_t, decode_tokens, 128, "tokens decoded at batch 1");
 ABSL_FLAG(int32_t, repeats, 3, "repetitions per measurement (the median is printed)");
 ABSL_FLAG(std::string, backend, "cpu", "compute backend (kernels/backend_registry.h)");
 ABSL_FLAG(std::string, quantize, "", "weight quantization of the linears: none, int8 or int4");
+ABSL_FLAG(std::string, checkpoint, "",
+          "load this checkpoint (a directory or a .tensors file, e.g. one `kiln tensorize "
+          "--prepack` wrote) instead of the synthesized --preset model");
 
 namespace kiln {
 namespace {
@@ -47,13 +50,21 @@ using bench::Seconds;
 
 // Seconds to read every file of the checkpoint once with read(2) (from the page cache when
 // warm, which is also where the load below reads from).
+// Reads the checkpoint's weight files once: a directory's .safetensors, or the file itself.
 double MeasureFileRead(const std::filesystem::path& dir, uint64_t* bytes) {
   std::vector<char> block(8 << 20);
   *bytes = 0;
+  std::vector<std::filesystem::path> files;
+  if (std::filesystem::is_directory(dir)) {
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      if (entry.path().extension() == ".safetensors") files.push_back(entry.path());
+    }
+  } else {
+    files.push_back(dir);
+  }
   const auto start = Clock::now();
-  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
-    if (entry.path().extension() != ".safetensors") continue;
-    int fd = ::open(entry.path().c_str(), O_RDONLY);
+  for (const std::filesystem::path& file : files) {
+    int fd = ::open(file.c_str(), O_RDONLY);
     if (fd < 0) continue;
     ssize_t got;
     while ((got = ::read(fd, block.data(), block.size())) > 0) *bytes += static_cast<uint64_t>(got);
@@ -134,7 +145,9 @@ int Main() {
   if (!checkpoint.ok()) {
     return std::fprintf(stderr, "%s\n", std::string(checkpoint.status().message()).c_str()), 1;
   }
-  const std::filesystem::path dir = *checkpoint;
+  const std::filesystem::path dir = absl::GetFlag(FLAGS_checkpoint).empty()
+                                        ? *checkpoint
+                                        : std::filesystem::path(absl::GetFlag(FLAGS_checkpoint));
 
   absl::StatusOr<std::unique_ptr<Backend>> created = CreateBackend(absl::GetFlag(FLAGS_backend));
   if (!created.ok()) {

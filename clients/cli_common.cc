@@ -139,12 +139,16 @@ const std::vector<Command>& Commands() {
         "skip_hash_verification", "hash_check"},
        &Perplexity},
       {"tensorize",
-       "--model PATH --out FILE [--dtype bf16|f32] [tensorizer flags]",
+       "--model PATH --out FILE [--dtype bf16|f32] [--prepack [--quantize int8|int4]]\n"
+       "    [tensorizer flags]",
        "Convert a checkpoint (safetensors directory or Tensorizer file) into a native tensorized\n"
        "file: kiln's engine layout (fused q/k/v and gate/up, MTP heads kept) with the config and\n"
-       "tokenizer inside, so the file alone loads. Readable by the Tensorizer library too.",
-       {"model", "out", "dtype", "overwrite", "tensorizer_config", "encryption_key_file",
-        "encryption_passphrase_file", "skip_hash_verification", "hash_check"},
+       "tokenizer inside, so the file alone loads. Readable by the Tensorizer library too.\n"
+       "--prepack also stores the linears packed (and quantized) for the CPU kernels, so that\n"
+       "loading the file packs nothing.",
+       {"model", "out", "dtype", "prepack", "quantize", "overwrite", "tensorizer_config",
+        "encryption_key_file", "encryption_passphrase_file", "skip_hash_verification",
+        "hash_check"},
        &TensorizeLocal},
   };
   return *commands;

@@ -9,12 +9,16 @@ ABSL_FLAG(std::string, dtype, "",
           "synth: weight dtype (bf16, f32, f16; default bf16); run and models load: compute dtype "
           "(bf16 or f32; default: the checkpoint's); tensorize: stored dtype (default: as is)");
 ABSL_FLAG(std::string, quantize, "",
-          "run, perplexity and models load: weight quantization of the linears (none, int8 per "
-          "output channel, int4 in groups of 32; default none)");
+          "run, perplexity, models load and tensorize --prepack: weight quantization of the "
+          "linears (none, int8 per output channel, int4 in groups of 32; default none)");
 ABSL_FLAG(std::optional<uint64_t>, seed, std::nullopt,
           "synth: random seed (default 0); generate: sampling seed (default: the server picks)");
 ABSL_FLAG(uint64_t, max_shard_bytes, uint64_t{1} << 30, "shard the checkpoint above this size");
 ABSL_FLAG(bool, overwrite, false, "tensorize: replace an existing output file");
+ABSL_FLAG(bool, prepack, false,
+          "tensorize: store the linears packed for this machine's CPU kernels (and quantized as "
+          "--quantize says), so a load adopts them and packs nothing; another machine unpacks "
+          "them and packs as usual");
 ABSL_FLAG(std::string, backend, "",
           "run: compute backend (default cpu); models load: the server's backend for the model "
           "(default: the server's --backend)");

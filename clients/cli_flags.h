@@ -16,6 +16,7 @@ ABSL_DECLARE_FLAG(std::string, quantize);
 ABSL_DECLARE_FLAG(std::optional<uint64_t>, seed);
 ABSL_DECLARE_FLAG(uint64_t, max_shard_bytes);
 ABSL_DECLARE_FLAG(bool, overwrite);
+ABSL_DECLARE_FLAG(bool, prepack);
 ABSL_DECLARE_FLAG(std::string, backend);
 ABSL_DECLARE_FLAG(int32_t, mtp_layers);
 

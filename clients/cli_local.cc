@@ -23,6 +23,7 @@
 #include "kernels/backend_registry.h"
 #include "loaders/load_model.h"
 #include "loaders/tensorizer_verify.h"
+#include "models/prepack.h"
 #include "nlohmann/json.hpp"
 #include "tokenizer/tokenizer.h"
 
@@ -276,14 +277,42 @@ int TensorizeLocal(const Args& args) {
   absl::StatusOr<OpenedCheckpoint> opened = OpenCheckpoint(model_path, options);
   if (!opened.ok()) return Fail(opened.status());
   write_options.embedded_files = opened->side_files;
-  absl::StatusOr<NativeTensorizeResult> written =
-      WriteNativeTensorized(out, opened->source, opened->config, write_options);
+  absl::StatusOr<Quantization> quantize = ParseQuantization(absl::GetFlag(FLAGS_quantize));
+  if (!quantize.ok()) return UsageError("tensorize", quantize.status().message());
+  const bool prepack = absl::GetFlag(FLAGS_prepack);
+  if (*quantize != Quantization::kNone && !prepack) {
+    return UsageError("tensorize",
+                      "--quantize needs --prepack (quantized weights are stored packed)");
+  }
+  absl::StatusOr<NativeTensorizeResult> written;
+  if (prepack) {
+    const std::string backend_name = absl::GetFlag(FLAGS_backend).empty()
+                                         ? std::string(kDefaultBackend)
+                                         : absl::GetFlag(FLAGS_backend);
+    absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend(backend_name);
+    if (!backend.ok()) return Fail(backend.status());
+    PostLoadOptions post_load;
+    post_load.quantize = *quantize;
+    absl::StatusOr<PrepackedCheckpoint> prepacked =
+        PrepackCheckpoint(opened->source, opened->config, write_options.dtype,
+                          std::shared_ptr<Backend>(*std::move(backend)), post_load);
+    if (!prepacked.ok()) return Fail(prepacked.status());
+    write_options.dtype.reset();  // converted already
+    write_options.packed = prepacked->packed;
+    written = WriteNativeTensorized(out, prepacked->model->source(), opened->config, write_options);
+  } else {
+    written = WriteNativeTensorized(out, opened->source, opened->config, write_options);
+  }
   if (!written.ok()) return Fail(written.status());
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   std::cout << "wrote " << out << ": " << written->tensors << " tensors, " << written->bytes
             << " bytes, engine layout"
             << (write_options.dtype ? absl::StrCat(", ", DTypeName(*write_options.dtype)) : "")
+            << (written->packed > 0 ? absl::StrCat(", ", written->packed, " linears packed") : "")
+            << (*quantize != Quantization::kNone
+                    ? absl::StrCat(" (", QuantizationName(*quantize), ")")
+                    : "")
             << ", " << write_options.embedded_files.size() << " embedded file(s), " << seconds
             << " s\n";
   return kExitOk;

@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -17,6 +18,7 @@
 #include "kernels/buffer.h"
 #include "kernels/dtype.h"
 #include "kernels/op_profile.h"
+#include "kernels/packed_image.h"
 #include "kernels/quantization.h"
 #include "kernels/step.h"
 #include "kernels/tensor.h"
@@ -45,6 +47,10 @@ struct LinearPackSpec {
   // Quantized weights (kernels/quantization.h) instead of compute_dtype ones, where the backend
   // has kernels for them; compute_dtype is then what shapes it cannot quantize fall back to.
   Quantization quantization = Quantization::kNone;
+  // The weight as packed before (a native tensorized file written with --prepack), instead of
+  // row_blocks: the backend adopts its bytes where it packs that layout itself, and otherwise
+  // unpacks it and packs as usual. The bytes stay valid for the packed linear's life.
+  const PackedImage* prepacked = nullptr;
 };
 
 // A weight packed by one backend, run by that backend's ExecutionContext::Linear:
@@ -65,6 +71,11 @@ class PackedLinear {
   virtual size_t packed_bytes() const = 0;
   // Kernel that runs it (e.g. oneDNN's impl string "brg:avx512_core_bf16"), for logs and benches.
   virtual std::string kernel_name() const = 0;
+  // The packed bytes as an image a file can keep (bias excluded), or nothing when the layout is
+  // not one the backend can adopt again. Points into this linear: valid while it lives.
+  virtual std::optional<PackedImage> Image() const { return std::nullopt; }
+  // Whether the weight was adopted from a PackedImage rather than packed.
+  virtual bool adopted() const { return false; }
 
  protected:
   PackedLinear() = default;

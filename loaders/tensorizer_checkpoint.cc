@@ -1,11 +1,14 @@
 #include "loaders/tensorizer_checkpoint.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <optional>
 #include <system_error>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -14,6 +17,7 @@
 #include "loaders/tensorizer_reader.h"
 #include "loaders/tensorizer_writer.h"
 #include "models/engine_layout.h"
+#include "nlohmann/json.hpp"
 
 namespace kiln {
 namespace {
@@ -27,7 +31,14 @@ using tensorizer::TensorInfo;
 constexpr absl::string_view kNativeMarker = ".kiln_tensorized_marker";
 constexpr absl::string_view kNativeConfig = ".kiln_model_config";
 constexpr absl::string_view kNativeFilePrefix = ".kiln_file/";
+// Version 2: linears may be stored packed (`.kiln_packed_manifest` and `.kiln_packed/`); a file
+// without packed linears is still written as version 1, which older readers take.
 constexpr int64_t kNativeFormatVersion = 1;
+constexpr int64_t kNativePackedFormatVersion = 2;
+constexpr absl::string_view kNativePackedManifest = ".kiln_packed_manifest";
+constexpr absl::string_view kNativePackedPrefix = ".kiln_packed/";
+// Bounds a hostile manifest cannot pass.
+constexpr size_t kMaxPackedParts = 8;
 constexpr absl::string_view kNativePadPrefix = ".kiln_pad/";
 // Weight data in native files starts at multiples of this, so the packer can read it in place.
 constexpr uint64_t kNativeDataAlignment = 64;
@@ -115,6 +126,91 @@ absl::StatusOr<int64_t> NativeMarkerVersion(const TensorInfo& info,
   return version;
 }
 
+// A native file's packed linears: the manifest's entries, each a record whose image points at its
+// `.kiln_packed/<name>/<part>` tensors. Every packed tensor must be listed and every listed part
+// present; the logical shape must be 2-D. Errors name the file and the entry.
+absl::Status AddPackedRecords(absl::string_view manifest_text,
+                              absl::flat_hash_map<std::string, tensorizer::TensorBytes> parts,
+                              const std::string& file, const std::string& file_name,
+                              WeightSource& source) {
+  using Json = nlohmann::json;
+  auto bad = [&](auto&&... what) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(file, ": ", kNativePackedManifest, ": ", what...));
+  };
+  const Json manifest = Json::parse(manifest_text, nullptr, /*allow_exceptions=*/false);
+  if (manifest.is_discarded() || !manifest.is_object() || !manifest.contains("tensors") ||
+      !manifest["tensors"].is_array()) {
+    return bad("not a JSON object with a \"tensors\" array");
+  }
+  for (const Json& entry : manifest["tensors"]) {
+    if (!entry.is_object() || !entry.contains("name") || !entry["name"].is_string()) {
+      return bad("an entry without a \"name\" string");
+    }
+    const std::string name = entry["name"].get<std::string>();
+    auto field = [&](const char* key, Json::value_t type) -> const Json* {
+      auto it = entry.find(key);
+      if (it == entry.end() || it->type() != type) return nullptr;
+      return &*it;
+    };
+    const Json* layout = field("layout", Json::value_t::string);
+    const Json* dtype = field("dtype", Json::value_t::string);
+    const Json* quantization = field("quantization", Json::value_t::string);
+    const Json* shape = field("shape", Json::value_t::array);
+    const Json* part_names = field("parts", Json::value_t::array);
+    if (layout == nullptr || dtype == nullptr || quantization == nullptr || shape == nullptr ||
+        part_names == nullptr) {
+      return bad(name, ": needs string layout, dtype and quantization, and arrays shape and parts");
+    }
+    auto image = std::make_shared<PackedImage>();
+    image->layout = layout->get<std::string>();
+    absl::StatusOr<DType> parsed_dtype = ParseDTypeApiName(dtype->get<std::string>());
+    absl::StatusOr<Quantization> parsed_quantization =
+        ParseQuantization(quantization->get<std::string>());
+    if (!parsed_dtype.ok() || !parsed_quantization.ok()) {
+      return bad(name, ": unknown dtype or quantization");
+    }
+    image->dtype = *parsed_dtype;
+    image->quantization = *parsed_quantization;
+    if (shape->size() != 2 || !(*shape)[0].is_number_unsigned() ||
+        !(*shape)[1].is_number_unsigned() || (*shape)[0].get<uint64_t>() == 0 ||
+        (*shape)[1].get<uint64_t>() == 0 || (*shape)[0].get<uint64_t>() > (uint64_t{1} << 40) ||
+        (*shape)[1].get<uint64_t>() > (uint64_t{1} << 40)) {
+      return bad(name, ": shape must be two positive integers");
+    }
+    image->rows = static_cast<int64_t>((*shape)[0].get<uint64_t>());
+    image->cols = static_cast<int64_t>((*shape)[1].get<uint64_t>());
+    if (part_names->empty() || part_names->size() > kMaxPackedParts) {
+      return bad(name, ": 1 to ", kMaxPackedParts, " parts");
+    }
+    size_t bytes = 0;
+    for (const Json& part : *part_names) {
+      if (!part.is_string()) return bad(name, ": part names are strings");
+      const std::string part_name = part.get<std::string>();
+      auto it = parts.find(absl::StrCat(kNativePackedPrefix, name, "/", part_name));
+      if (it == parts.end()) return bad(name, ": part ", part_name, " is not in the file");
+      if (image->Find(part_name) != nullptr) return bad(name, ": part ", part_name, " twice");
+      image->parts.push_back({part_name, it->second.data, it->second.size});
+      bytes += it->second.size;
+      parts.erase(it);
+    }
+    TensorRecord record;
+    record.name = name;
+    record.dtype = image->dtype;
+    record.shape = {image->rows, image->cols};
+    record.data = image->parts.front().data;
+    record.byte_size = bytes;
+    record.origin = file_name;
+    record.packed = std::move(image);
+    source.provenance().bytes_read += bytes;
+    KILN_RETURN_IF_ERROR(source.Add(std::move(record)));
+  }
+  if (!parts.empty()) {
+    return bad("packed tensor ", Printable(parts.begin()->first), " is not listed");
+  }
+  return absl::OkStatus();
+}
+
 }  // namespace
 
 absl::string_view TensorizerKindName(TensorizerKind kind) {
@@ -173,10 +269,11 @@ absl::StatusOr<TensorizerCheckpoint> OpenTensorizerCheckpoint(
     const size_t marker_index = static_cast<size_t>(marker - infos.data());
     KILN_ASSIGN_OR_RETURN(int64_t version,
                           NativeMarkerVersion(*marker, bytes[marker_index], file.string()));
-    if (version != kNativeFormatVersion) {
+    if (version != kNativeFormatVersion && version != kNativePackedFormatVersion) {
       return absl::InvalidArgumentError(
           absl::StrCat(file.string(), " is a native tensorized file of format version ", version,
-                       "; this kiln reads version ", kNativeFormatVersion));
+                       "; this kiln reads versions ", kNativeFormatVersion, " and ",
+                       kNativePackedFormatVersion));
     }
     const TensorInfo* config = tz.Find(kNativeConfig);
     if (config == nullptr) {
@@ -222,6 +319,8 @@ absl::StatusOr<TensorizerCheckpoint> OpenTensorizerCheckpoint(
 
   int pad_records = 0;
   uint64_t pad_bytes = 0;
+  std::optional<absl::string_view> packed_manifest;
+  absl::flat_hash_map<std::string, tensorizer::TensorBytes> packed_parts;
   for (size_t i = 0; i < infos.size(); ++i) {
     const TensorInfo& info = infos[i];
     const tensorizer::TensorBytes& data = bytes[i];
@@ -233,6 +332,19 @@ absl::StatusOr<TensorizerCheckpoint> OpenTensorizerCheckpoint(
       if (absl::StartsWith(info.name, kNativePadPrefix)) {
         ++pad_records;
         pad_bytes += info.byte_size();
+        continue;
+      }
+      if (info.name == kNativePackedManifest) {
+        packed_manifest = absl::string_view(reinterpret_cast<const char*>(data.data), data.size);
+        drop(info, "kiln native file metadata (the packed linears' manifest)");
+        continue;
+      }
+      if (absl::StartsWith(info.name, kNativePackedPrefix)) {
+        if (info.element_type != ElementType::kU8) {
+          return absl::InvalidArgumentError(absl::StrCat(file.string(), ": packed tensor ",
+                                                         Printable(info.name), " must be uint8"));
+        }
+        packed_parts.emplace(info.name, data);
         continue;
       }
       if (absl::StartsWith(info.name, kNativeFilePrefix)) {
@@ -297,6 +409,14 @@ absl::StatusOr<TensorizerCheckpoint> OpenTensorizerCheckpoint(
     provenance.bytes_read += record.byte_size;
     KILN_RETURN_IF_ERROR(source.Add(std::move(record)));
   }
+  if (packed_manifest.has_value() || !packed_parts.empty()) {
+    if (!packed_manifest.has_value()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(file.string(), " has packed tensors but no ", kNativePackedManifest));
+    }
+    KILN_RETURN_IF_ERROR(AddPackedRecords(*packed_manifest, std::move(packed_parts), file.string(),
+                                          file_name, source));
+  }
   if (pad_records > 0) {
     provenance.dropped.push_back({absl::StrCat(kNativePadPrefix, "*"), pad_bytes, file_name,
                                   absl::StrCat("alignment padding (", pad_records, " records)")});
@@ -315,8 +435,34 @@ absl::StatusOr<NativeTensorizeResult> WriteNativeTensorized(const fs::path& file
                                                             const NativeTensorizeOptions& options) {
   KILN_ASSIGN_OR_RETURN(std::vector<LayoutTensor> layout,
                         ToEngineLayout(source, config, options.dtype));
-  const int64_t marker_value = kNativeFormatVersion;
+  const int64_t marker_value =
+      options.packed.empty() ? kNativeFormatVersion : kNativePackedFormatVersion;
   const std::string config_json = ModelConfigToJson(config);
+
+  // Packed linears replace their layout tensor (or, a tied LM head, join the embedding).
+  nlohmann::json packed_entries = nlohmann::json::array();
+  for (const auto& [name, image] : options.packed) {
+    const std::string& wanted = name;  // a structured binding cannot be captured (C++17)
+    const auto it = std::find_if(layout.begin(), layout.end(),
+                                 [&](const LayoutTensor& t) { return t.name == wanted; });
+    if (it != layout.end() && it->shape != std::vector<int64_t>{image.rows, image.cols}) {
+      return absl::InvalidArgumentError(absl::StrCat("packed ", name, " is [", image.rows, ", ",
+                                                     image.cols, "] but the tensor is [",
+                                                     absl::StrJoin(it->shape, ", "), "]"));
+    }
+    if (it != layout.end()) layout.erase(it);
+    nlohmann::json entry;
+    entry["name"] = name;
+    entry["layout"] = image.layout;
+    entry["dtype"] = std::string(DTypeApiName(image.dtype));
+    entry["quantization"] = std::string(QuantizationName(image.quantization));
+    entry["shape"] = {image.rows, image.cols};
+    entry["parts"] = nlohmann::json::array();
+    for (const PackedImage::Part& part : image.parts) entry["parts"].push_back(part.name);
+    packed_entries.push_back(std::move(entry));
+  }
+  const std::string packed_manifest =
+      options.packed.empty() ? "" : nlohmann::json{{"tensors", packed_entries}}.dump();
 
   std::vector<tensorizer::WriteTensor> tensors;
   auto add_bytes = [&](std::string name, const void* data, size_t size) {
@@ -338,6 +484,9 @@ absl::StatusOr<NativeTensorizeResult> WriteNativeTensorized(const fs::path& file
     tensors.push_back(std::move(marker));
   }
   add_bytes(std::string(kNativeConfig), config_json.data(), config_json.size());
+  if (!packed_manifest.empty()) {
+    add_bytes(std::string(kNativePackedManifest), packed_manifest.data(), packed_manifest.size());
+  }
   for (const auto& [name, text] : options.embedded_files) {
     add_bytes(absl::StrCat(kNativeFilePrefix, name), text.data(), text.size());
   }
@@ -349,6 +498,7 @@ absl::StatusOr<NativeTensorizeResult> WriteNativeTensorized(const fs::path& file
   }
   static const std::byte kZeros[kNativeDataAlignment] = {};
   int pads = 0;
+  std::vector<tensorizer::WriteTensor> data_tensors;
   for (const LayoutTensor& tensor : layout) {
     tensorizer::WriteTensor t;
     t.name = tensor.name;
@@ -356,6 +506,20 @@ absl::StatusOr<NativeTensorizeResult> WriteNativeTensorized(const fs::path& file
     t.shape = tensor.shape;
     t.data = tensor.data;
     t.size = tensor.size;
+    data_tensors.push_back(std::move(t));
+  }
+  for (const auto& [name, image] : options.packed) {
+    for (const PackedImage::Part& part : image.parts) {
+      tensorizer::WriteTensor t;
+      t.name = absl::StrCat(kNativePackedPrefix, name, "/", part.name);
+      t.element_type = ElementType::kU8;
+      t.shape = {static_cast<int64_t>(part.bytes)};
+      t.data = part.data;
+      t.size = part.bytes;
+      data_tensors.push_back(std::move(t));
+    }
+  }
+  for (tensorizer::WriteTensor& t : data_tensors) {
     const uint64_t header = tensorizer::RecordHeaderSize(t);
     if ((offset + header) % kNativeDataAlignment != 0) {
       tensorizer::WriteTensor pad;
@@ -379,9 +543,10 @@ absl::StatusOr<NativeTensorizeResult> WriteNativeTensorized(const fs::path& file
   std::error_code ec;
   NativeTensorizeResult result;
   result.bytes = fs::file_size(file, ec);
-  result.tensors = static_cast<int>(layout.size());
+  result.tensors = static_cast<int>(layout.size() + options.packed.size());
+  result.packed = static_cast<int>(options.packed.size());
   LOG(INFO) << "wrote native tensorized file " << file.string() << ": " << result.tensors
-            << " tensors, " << result.bytes << " bytes";
+            << " tensors (" << result.packed << " packed), " << result.bytes << " bytes";
   return result;
 }
 

@@ -54,11 +54,16 @@ struct NativeTensorizeOptions {
   std::optional<DType> dtype;  // F32 or BF16; unset keeps each tensor's dtype
   // Side files stored in the file (TensorizerCheckpoint::embedded_files when read back).
   std::map<std::string, std::string> embedded_files;
+  // Linears stored packed, by engine-layout tensor name (models/prepack.h makes them): each
+  // replaces its tensor, or joins the file when there is none (a tied LM head). The file is then
+  // format version 2. The images' bytes must stay valid during the call.
+  std::map<std::string, PackedImage> packed;
 };
 
 struct NativeTensorizeResult {
   uint64_t bytes = 0;
   int tensors = 0;
+  int packed = 0;  // of them, stored packed
 };
 
 // Writes `source` (either layout) as a native tensorized file: engine layout, carried tensors

@@ -63,6 +63,13 @@ absl::StatusOr<std::vector<LayoutTensor>> ToEngineLayout(const WeightSource& sou
     return absl::InvalidArgumentError(
         absl::StrCat("dtype ", DTypeName(*dtype), " is not offered for export (F32 or BF16)"));
   }
+  for (const TensorRecord& record : source.records()) {
+    if (record.packed != nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(record.name, " in ", record.origin, " is stored packed (",
+                       record.packed->layout, "); convert the original checkpoint instead"));
+    }
+  }
   const WeightLayout from = source.provenance().layout;
   const std::vector<ParamSpec> source_specs = BuildParamManifest(config, from);
   const std::vector<ParamSpec> engine_specs = BuildParamManifest(config, WeightLayout::kEngine);

@@ -82,8 +82,16 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
 
   // Every tensor is described first and prepared in one call, so the backend can pack
   // concurrently and place everything at once; the slots say where each result goes.
+  // A file written quantized (`kiln tensorize --prepack --quantize`) keeps its quantization for
+  // every linear, those it stores plain included, unless the load asks for another.
+  Quantization quantize = options.quantize;
+  for (const TensorRecord& record : bound.source.records()) {
+    if (quantize != Quantization::kNone) break;
+    if (record.packed != nullptr) quantize = record.packed->quantization;
+  }
   PreparePlan plan;
   std::vector<std::unique_ptr<PackedLinear>*> linear_slots;
+  std::vector<std::string> linear_records;  // the one record a linear came from, or empty
   std::vector<TensorView*> constant_slots;
   auto pack = [&](std::string name, std::vector<const TensorRecord*> blocks,
                   std::vector<const TensorRecord*> biases,
@@ -91,12 +99,19 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
     LinearPackSpec spec;
     spec.name = std::move(name);
     spec.compute_dtype = compute;
-    spec.quantization = options.quantize;
-    for (const TensorRecord* block : blocks) {
-      KILN_ASSIGN_OR_RETURN(WeightView view, AsMatrix(*block));
-      spec.row_blocks.push_back(view);
-      model->parameter_count_ += block->elements();
+    spec.quantization = quantize;
+    // A weight stored packed is handed over as its image (one record: engine layout).
+    if (blocks.size() == 1 && blocks.front()->packed != nullptr) {
+      spec.prepacked = blocks.front()->packed.get();
+      model->parameter_count_ += blocks.front()->elements();
+    } else {
+      for (const TensorRecord* block : blocks) {
+        KILN_ASSIGN_OR_RETURN(WeightView view, AsMatrix(*block));
+        spec.row_blocks.push_back(view);
+        model->parameter_count_ += block->elements();
+      }
     }
+    linear_records.push_back(blocks.size() == 1 ? blocks.front()->name : "");
     if (!biases.empty() && biases.front() != nullptr) {
       for (const TensorRecord* bias : biases) {
         std::vector<float> values = ToF32(bias);
@@ -127,12 +142,19 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
   constant_slots.push_back(&model->embedding_);
   const size_t embedding_constant = plan.constants.size() - 1;
   model->parameter_count_ += embedding->elements();
+  // Tied: the embedding is the LM head, unless the file ships it packed (a --prepack file does,
+  // so that it is not packed at load).
   const TensorRecord* lm_head = role(top, ParamRole::kLmHead);
-  if (c.tie_word_embeddings || lm_head == nullptr) lm_head = embedding;
+  if (lm_head == nullptr || (c.tie_word_embeddings && lm_head->packed == nullptr)) {
+    lm_head = embedding;
+  }
   {
     const int64_t before = model->parameter_count_;
     KILN_RETURN_IF_ERROR(pack("lm_head", {lm_head}, {}, &model->lm_head_));
-    if (lm_head == embedding) model->parameter_count_ = before;  // tied: counted once
+    if (c.tie_word_embeddings || lm_head == embedding) {
+      model->parameter_count_ = before;  // tied: counted once
+    }
+    if (lm_head == embedding) linear_records.back() = "lm_head.weight";
   }
   norm("norm", role(top, ParamRole::kFinalNorm), &model->final_norm_);
   const std::vector<float> inv_freq =
@@ -205,7 +227,11 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
       model->quantization_ = prepared.linears[i]->quantization();
       ++model->quantized_linears_;
     }
+    if (prepared.linears[i]->adopted()) ++model->adopted_linears_;
     *linear_slots[i] = std::move(prepared.linears[i]);
+    if (!linear_records[i].empty()) {
+      model->linears_by_record_.emplace_back(linear_records[i], linear_slots[i]->get());
+    }
   }
   model->linear_count_ = static_cast<int>(linear_slots.size());
   prepared.linears.clear();
@@ -266,6 +292,10 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> BuildPreparedModel(WeightSource s
                     ? absl::StrCat(", ", QuantizationName(model->quantization()), " in ",
                                    model->quantized_linears(), " of ", model->linear_count(),
                                    " linears")
+                    : "")
+            << (model->adopted_linears() > 0
+                    ? absl::StrCat(", ", model->adopted_linears(), " of ", model->linear_count(),
+                                   " linears adopted as packed in the file")
                     : "")
             << (model->embedding_zero_copy() ? ", embedding read in place" : "") << ", arena "
             << model->scratch_bytes() << " bytes, KV pool " << model->kv_pool().bytes()

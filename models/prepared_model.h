@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -73,6 +74,14 @@ class PreparedModel {
   Quantization quantization() const { return quantization_; }
   int quantized_linears() const { return quantized_linears_; }
   int linear_count() const { return linear_count_; }
+  // Linears whose packed bytes came from the file (written with `kiln tensorize --prepack`)
+  // instead of being packed at load.
+  int adopted_linears() const { return adopted_linears_; }
+  // Each linear prepared from a single record, under that record's name ("lm_head.weight" for a
+  // tied LM head): what `kiln tensorize --prepack` stores as packed images.
+  const std::vector<std::pair<std::string, const PackedLinear*>>& linears_by_record() const {
+    return linears_by_record_;
+  }
   int64_t parameter_count() const { return parameter_count_; }
   // Bytes the model holds for its forward pass: packed weights, norms, the embedding table, the
   // RoPE table (MTP heads included).
@@ -191,6 +200,7 @@ class PreparedModel {
   Quantization quantization_ = Quantization::kNone;
   int quantized_linears_ = 0;
   int linear_count_ = 0;
+  int adopted_linears_ = 0;
   int64_t parameter_count_ = 0;
   std::shared_ptr<Backend> backend_;
   WeightSource source_;  // keeps the checkpoint's bytes alive (read in place where zero-copy)
@@ -203,6 +213,7 @@ class PreparedModel {
   std::unique_ptr<PackedLinear> lm_head_;
   std::vector<Layer> layers_;
   std::vector<MtpHead> mtp_heads_;
+  std::vector<std::pair<std::string, const PackedLinear*>> linears_by_record_;
   // Layer slots: the main layers, then one per MTP head.
   std::shared_ptr<KvPool> kv_pool_;
 

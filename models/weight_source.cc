@@ -58,6 +58,12 @@ absl::StatusOr<WeightView> AsMatrix(const TensorRecord& record) {
                                                    " must be 2-D but has ", record.shape.size(),
                                                    " dimensions"));
   }
+  if (record.packed != nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("tensor ", record.name, " in ", record.origin,
+                                                   " is stored packed (", record.packed->layout,
+                                                   "); only a linear's weight may be, and only the "
+                                                   "backend reads it"));
+  }
   return WeightView{record.dtype, record.shape[0], record.shape[1], record.data};
 }
 

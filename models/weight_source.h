@@ -25,6 +25,10 @@ struct TensorRecord {
   const std::byte* data = nullptr;
   size_t byte_size = 0;
   std::string origin;  // file it came from, for reports and errors
+  // Set for a linear's weight stored packed (native tensorized files written with --prepack):
+  // `shape` and `dtype` are the logical weight's, `data`/`byte_size` the first part's, and only
+  // PostLoad reads it, handing the image to the backend (AsMatrix refuses it).
+  std::shared_ptr<const PackedImage> packed;
 
   int64_t elements() const;
 };

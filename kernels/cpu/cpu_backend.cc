@@ -16,6 +16,7 @@
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/host_memory.h"
+#include "kernels/cpu/onednn_images.h"
 #include "kernels/cpu/onednn_linear.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quantized_linear.h"
@@ -274,15 +275,66 @@ class CpuBackend final : public Backend {
   }
 
  private:
+  // A packed image this machine packs into itself as the spec asks is adopted (nothing packed);
+  // any other is unpacked to plain weights here, logged, and packed like a checkpoint's weight.
+  // `plain` keeps the unpacked bytes for the packing that follows.
+  absl::StatusOr<LinearPackSpec> AdoptOrUnpack(const LinearPackSpec& spec, bool* adopt_quantized,
+                                               std::vector<std::vector<std::byte>>& plain) {
+    const PackedImage& image = *spec.prepacked;
+    std::string refusal;
+    if (image.quantization != Quantization::kNone || spec.quantization != Quantization::kNone) {
+      refusal = image.quantization == Quantization::kNone
+                    ? absl::StrCat("the image holds ", DTypeName(image.dtype), " weights, ",
+                                   QuantizationName(spec.quantization), " were asked for")
+                    : cpu::QuantizedAdoptRefusal(spec);
+      *adopt_quantized = refusal.empty();
+    } else {
+      refusal = packer_->AdoptRefusal(spec);
+    }
+    if (refusal.empty()) return spec;
+    LOG(WARNING) << spec.name << ": packed image in " << image.layout << " not adopted (" << refusal
+                 << "); unpacking it and packing again";
+    WeightView view{image.dtype, image.rows, image.cols, nullptr};
+    const std::string context = absl::StrCat("PackLinear(", spec.name, ")");
+    if (image.quantization != Quantization::kNone) {
+      absl::StatusOr<std::vector<float>> values = cpu::DequantizeImage(image);
+      if (!values.ok()) return KilnAnnotate(values.status(), context);
+      std::vector<std::byte>& bytes = plain.emplace_back(values->size() * sizeof(float));
+      std::memcpy(bytes.data(), values->data(), bytes.size());
+      view.dtype = DType::kF32;
+      view.data = bytes.data();
+    } else {
+      absl::StatusOr<std::vector<std::byte>> bytes = cpu::UnpackOneDnnImage(image);
+      if (!bytes.ok()) return KilnAnnotate(bytes.status(), context);
+      view.data = plain.emplace_back(*std::move(bytes)).data();
+    }
+    LinearPackSpec unpacked = spec;
+    unpacked.prepacked = nullptr;
+    unpacked.row_blocks = {view};
+    return unpacked;
+  }
+
   // Quantized specs go to the quantized kernels where this CPU and the shape allow them; the rest,
   // and those that fall back (logged once per reason), to oneDNN in their compute dtype.
   absl::StatusOr<std::vector<std::unique_ptr<PackedLinear>>> PackAll(
-      absl::Span<const LinearPackSpec> specs, int threads) {
-    std::vector<std::unique_ptr<PackedLinear>> packed(specs.size());
+      absl::Span<const LinearPackSpec> all_specs, int threads) {
+    std::vector<std::unique_ptr<PackedLinear>> packed(all_specs.size());
+    std::vector<std::vector<std::byte>> plain;  // unpacked images, until packed
+    plain.reserve(all_specs.size());
+    std::vector<LinearPackSpec> specs(all_specs.begin(), all_specs.end());
+    for (size_t i = 0; i < specs.size(); ++i) {
+      if (specs[i].prepacked == nullptr) continue;
+      bool adopt_quantized = false;
+      KILN_ASSIGN_OR_RETURN(specs[i], AdoptOrUnpack(all_specs[i], &adopt_quantized, plain));
+      if (adopt_quantized) {
+        KILN_ASSIGN_OR_RETURN(packed[i], cpu::AdoptQuantizedLinear(specs[i], threads));
+      }
+    }
     std::vector<LinearPackSpec> dense;
     std::vector<size_t> dense_at;
     for (size_t i = 0; i < specs.size(); ++i) {
-      if (specs[i].quantization != Quantization::kNone) {
+      if (packed[i] != nullptr) continue;
+      if (specs[i].quantization != Quantization::kNone && specs[i].prepacked == nullptr) {
         const std::string refusal = cpu::QuantizedPackRefusal(specs[i]);
         if (refusal.empty()) {
           KILN_ASSIGN_OR_RETURN(packed[i], cpu::PackQuantizedLinear(specs[i], threads));

@@ -20,6 +20,12 @@ struct HostFree {
 };
 using HostBytes = std::unique_ptr<std::byte, HostFree>;
 
+// A copy of [data, data + bytes) in memory from AllocateHost, copied on up to `threads` OpenMP
+// threads; null when out of memory. Adopted packed images are copied rather than read in place:
+// the kernels stream weights from 2 MiB pages markedly faster than from a mapped file's 4 KiB
+// page-cache pages (docs/design.md, "Prepacked native files").
+HostBytes CopyToHost(const std::byte* data, size_t bytes, int threads);
+
 // The MemoryResource behind the CPU backend's DeviceBuffers.
 std::shared_ptr<MemoryResource> HostMemory();
 

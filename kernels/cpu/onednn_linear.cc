@@ -29,6 +29,7 @@
 #include "base/status_macros.h"
 #include "kernels/cpu/host_memory.h"
 #include "kernels/cpu/linear_dispatch.h"
+#include "kernels/cpu/onednn_images.h"
 #include "kernels/cpu/quantized_linear.h"
 #include "kernels/cpu/small_m_linear.h"
 
@@ -258,23 +259,81 @@ class OneDnnLinear final : public PackedLinear {
   void Pack(const LinearPackSpec& spec) {
     const size_t packed_size = packed_md_.get_size();
     packed_ = AllocAligned(packed_size);
+    weights_ = packed_.get();
     weights_mem_ = memory(packed_md_, engine_, packed_.get());
     dnnl::stream& stream = ThreadStream(engine_);
     const bool in_place = ReorderBlocksWhereTheyLie(spec, stream);
     if (!in_place) ReorderThroughPlainCopy(spec, stream);
-
-    packed_bytes_ = packed_size;
-    if (!spec.bias.empty()) {
-      const size_t bias_bytes = static_cast<size_t>(n_) * sizeof(float);
-      bias_ = AllocAligned(bias_bytes);
-      std::memcpy(bias_.get(), spec.bias.data(), bias_bytes);
-      bias_mem_ = memory(memory::desc({1, n_}, Dt::f32, Tag::ab), engine_, bias_.get());
-      packed_bytes_ += bias_bytes;
-    }
+    SetBias(spec);
     DescribePanels();
     VLOG(1) << "packed " << name_ << " [N=" << n_ << ", K=" << k_ << "] " << DTypeName(dtype_)
             << (bias_ ? " +bias" : "") << ": " << packed_bytes_ << " bytes, impl " << kernel_name_
             << (in_place ? ", reordered in place" : ", through a stacked copy");
+  }
+
+  // Why spec.prepacked cannot be adopted as it is (empty when it can): after Plan(), the image
+  // must be this layout, dtype and size.
+  std::string AdoptRefusal(const LinearPackSpec& spec) const {
+    const PackedImage& image = *spec.prepacked;
+    const std::string layout = ImageLayout();
+    if (layout.empty()) return "this machine's oneDNN packs another layout for this shape";
+    if (image.layout != layout) {
+      return absl::StrCat("layout ", image.layout, " is not this machine's ", layout);
+    }
+    if (image.quantization != Quantization::kNone || image.dtype != dtype_) {
+      return absl::StrCat("the image holds ", DTypeName(image.dtype), " weights, not ",
+                          DTypeName(dtype_));
+    }
+    const PackedImage::Part* weights = image.Find("weights");
+    if (weights == nullptr || image.parts.size() != 1 || weights->bytes != packed_md_.get_size()) {
+      return absl::StrCat("the image is not one weights part of ", packed_md_.get_size(), " bytes");
+    }
+    return "";
+  }
+
+  // Takes the packed bytes of an image AdoptRefusal accepted: copied into memory of its own (no
+  // reorder; see CopyToHost for why not in place). Throws std::bad_alloc.
+  void Adopt(const LinearPackSpec& spec) {
+    const PackedImage::Part& part = *spec.prepacked->Find("weights");
+    packed_ = CopyToHost(part.data, part.bytes, /*threads=*/1);
+    if (packed_ == nullptr) throw std::bad_alloc();
+    weights_ = packed_.get();
+    weights_mem_ = memory(packed_md_, engine_, packed_.get());
+    adopted_ = true;
+    SetBias(spec);
+    DescribePanels();
+    VLOG(1) << "adopted " << name_ << " [N=" << n_ << ", K=" << k_ << "] " << DTypeName(dtype_);
+  }
+
+  // The layout name of this linear's packed bytes where it is the panel layout (the one the
+  // small-M kernel reads and that an image may hold), else empty.
+  std::string ImageLayout() const {
+    const Tag panel_tag = dtype_ == DType::kBF16 ? Tag::BA16a64b2a : Tag::BA16a64b;
+    if (!(packed_md_ == memory::desc({k_, n_}, ToDnnl(dtype_), panel_tag))) return "";
+    return std::string(dtype_ == DType::kBF16 ? kBf16PanelLayout : kF32PanelLayout);
+  }
+
+  std::optional<PackedImage> Image() const override {
+    const std::string layout = ImageLayout();
+    if (layout.empty() || weights_ == nullptr) return std::nullopt;
+    PackedImage image;
+    image.layout = layout;
+    image.dtype = dtype_;
+    image.rows = n_;
+    image.cols = k_;
+    image.parts.push_back({"weights", weights_, packed_md_.get_size()});
+    return image;
+  }
+  bool adopted() const override { return adopted_; }
+
+  void SetBias(const LinearPackSpec& spec) {
+    packed_bytes_ = packed_md_.get_size();
+    if (spec.bias.empty()) return;
+    const size_t bias_bytes = static_cast<size_t>(n_) * sizeof(float);
+    bias_ = AllocAligned(bias_bytes);
+    std::memcpy(bias_.get(), spec.bias.data(), bias_bytes);
+    bias_mem_ = memory(memory::desc({1, n_}, Dt::f32, Tag::ab), engine_, bias_.get());
+    packed_bytes_ += bias_bytes;
   }
 
   // The small-M kernel reads the packed weight when it is in the panel layout (64 columns × all
@@ -285,7 +344,7 @@ class OneDnnLinear final : public PackedLinear {
     if (!SmallMKernelSupported(dtype_)) return;
     const dnnl_memory_desc_t& md = packed_md_.data;
     PanelWeights panel;
-    panel.data = packed_.get();
+    panel.data = weights_;
     panel.dtype = dtype_;
     panel.k = k_;
     panel.k_padded = md.padded_dims[0];
@@ -484,7 +543,9 @@ class OneDnnLinear final : public PackedLinear {
   const dnnl::engine engine_;
   const std::shared_ptr<PrimitiveCache> cache_;
   memory::desc packed_md_;
-  HostBytes packed_;
+  HostBytes packed_;                    // the packed (or adopted) weight
+  const std::byte* weights_ = nullptr;  // packed_, once packed
+  bool adopted_ = false;
   memory weights_mem_;
   HostBytes bias_;
   memory bias_mem_;
@@ -508,6 +569,19 @@ absl::Status ValidateSpec(const LinearPackSpec& spec, int64_t* k, int64_t* n) {
   };
   if (spec.compute_dtype != DType::kF32 && spec.compute_dtype != DType::kBF16) {
     return invalid("compute dtype must be F32 or BF16, got ", DTypeName(spec.compute_dtype));
+  }
+  if (spec.prepacked != nullptr) {
+    const PackedImage& image = *spec.prepacked;
+    if (!spec.row_blocks.empty()) return invalid("both row blocks and a packed image");
+    if (image.rows <= 0 || image.cols <= 0 || image.rows > (int64_t{1} << 40) / image.cols) {
+      return invalid("packed image of shape [", image.rows, ", ", image.cols, "]");
+    }
+    if (!spec.bias.empty() && static_cast<int64_t>(spec.bias.size()) != image.rows) {
+      return invalid("bias has ", spec.bias.size(), " values for ", image.rows, " output rows");
+    }
+    *k = image.cols;
+    *n = image.rows;
+    return absl::OkStatus();
   }
   if (spec.row_blocks.empty()) return invalid("no row blocks");
   const WeightView& first = spec.row_blocks.front();
@@ -686,6 +760,12 @@ absl::StatusOr<std::vector<std::unique_ptr<PackedLinear>>> OneDnnPacker::Pack(
     linears.push_back(std::make_unique<OneDnnLinear>(spec.name, k, n, spec.compute_dtype,
                                                      state_->engine, state_->cache));
     KILN_RETURN_IF_ERROR(Guarded(spec.name, [&] { linears.back()->Plan(spec); }));
+    if (spec.prepacked != nullptr) {
+      if (const std::string refusal = linears.back()->AdoptRefusal(spec); !refusal.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("PackLinear(", spec.name, "): cannot adopt the packed image: ", refusal));
+      }
+    }
   }
 
   std::vector<size_t> order(specs.size());
@@ -703,7 +783,13 @@ absl::StatusOr<std::vector<std::unique_ptr<PackedLinear>>> OneDnnPacker::Pack(
       const size_t i = next.fetch_add(1, std::memory_order_relaxed);
       if (i >= order.size()) break;
       const size_t at = order[i];
-      statuses[at] = Guarded(specs[at].name, [&] { linears[at]->Pack(specs[at]); });
+      statuses[at] = Guarded(specs[at].name, [&] {
+        if (specs[at].prepacked != nullptr) {
+          linears[at]->Adopt(specs[at]);
+        } else {
+          linears[at]->Pack(specs[at]);
+        }
+      });
       if (!statuses[at].ok()) failed.store(true, std::memory_order_relaxed);
     }
     omp_set_num_threads(saved_threads);
@@ -722,6 +808,19 @@ absl::StatusOr<std::vector<std::unique_ptr<PackedLinear>>> OneDnnPacker::Pack(
   KILN_RETURN_IF_ERROR(ChooseKernels(linears));
   return std::vector<std::unique_ptr<PackedLinear>>(std::make_move_iterator(linears.begin()),
                                                     std::make_move_iterator(linears.end()));
+}
+
+std::string OneDnnPacker::AdoptRefusal(const LinearPackSpec& spec) {
+  int64_t k = 0;
+  int64_t n = 0;
+  if (absl::Status valid = ValidateSpec(spec, &k, &n); !valid.ok()) {
+    return std::string(valid.message());
+  }
+  OneDnnLinear linear(spec.name, k, n, spec.compute_dtype, state_->engine, state_->cache);
+  if (absl::Status planned = Guarded(spec.name, [&] { linear.Plan(spec); }); !planned.ok()) {
+    return std::string(planned.message());
+  }
+  return linear.AdoptRefusal(spec);
 }
 
 absl::Status RunLinear(const PackedLinear& linear, const float* x, int64_t m, float* y,

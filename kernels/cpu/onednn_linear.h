@@ -24,6 +24,9 @@ class OneDnnPacker {
   // nothing is returned and the status names the first failing spec.
   absl::StatusOr<std::vector<std::unique_ptr<PackedLinear>>> Pack(
       absl::Span<const LinearPackSpec> specs, int threads);
+  // Why Pack cannot adopt spec.prepacked on this machine (empty when it can): another layout,
+  // dtype or size than it would pack into.
+  std::string AdoptRefusal(const LinearPackSpec& spec);
 
  private:
   struct State;

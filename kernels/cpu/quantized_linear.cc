@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "base/status_macros.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/host_memory.h"
 #include "kernels/cpu/panel_split.h"
@@ -55,6 +56,14 @@ inline void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), 
 
 int64_t PanelColumns(Quantization kind) {
   return kind == Quantization::kInt8 ? kInt8PanelColumns : kInt4PanelColumns;
+}
+
+// The names of the two layouts as PackedImage keeps them; a change to either layout changes its
+// version, so an old image is unpacked and packed again rather than misread.
+constexpr absl::string_view kInt8Layout = "cpu.int8.panel64.v1";
+constexpr absl::string_view kInt4Layout = "cpu.int4.panel32.group32.v1";
+absl::string_view LayoutName(Quantization kind) {
+  return kind == Quantization::kInt8 ? kInt8Layout : kInt4Layout;
 }
 
 // The packed weights as the kernels read them.
@@ -374,9 +383,9 @@ void PackInt4Panel(const LinearPackSpec& spec, int64_t k, int64_t k_padded, int6
 
 class QuantizedLinear final : public PackedLinear {
  public:
-  QuantizedLinear(const LinearPackSpec& spec, int64_t k, int64_t n)
+  QuantizedLinear(const LinearPackSpec& spec, Quantization kind, int64_t k, int64_t n)
       : name_(spec.name), compute_dtype_(spec.compute_dtype) {
-    view_.kind = spec.quantization;
+    view_.kind = kind;
     view_.k = k;
     view_.n = n;
     view_.k_padded = (k + kKAlign - 1) / kKAlign * kKAlign;
@@ -387,21 +396,18 @@ class QuantizedLinear final : public PackedLinear {
                             : view_.k_padded / kInt4GroupSize * kInt4GroupBytes;
   }
 
+  size_t data_bytes() const { return static_cast<size_t>(view_.panels * view_.panel_bytes); }
+  size_t scale_bytes() const {
+    return view_.kind == Quantization::kInt8
+               ? static_cast<size_t>(view_.panels * kInt8PanelColumns) * sizeof(float)
+               : 0;
+  }
+
   // Throws std::bad_alloc.
   void Pack(const LinearPackSpec& spec, int threads) {
-    const size_t data_bytes = static_cast<size_t>(view_.panels * view_.panel_bytes);
-    data_.reset(Allocate(data_bytes));
-    packed_bytes_ = data_bytes;
-    if (view_.kind == Quantization::kInt8) {
-      const size_t scale_bytes = static_cast<size_t>(view_.panels * kInt8PanelColumns) * 4;
-      scales_.reset(Allocate(scale_bytes));
-      packed_bytes_ += scale_bytes;
-    }
-    if (!spec.bias.empty()) {
-      bias_.reset(Allocate(spec.bias.size() * sizeof(float)));
-      std::memcpy(bias_.get(), spec.bias.data(), spec.bias.size() * sizeof(float));
-      packed_bytes_ += spec.bias.size() * sizeof(float);
-    }
+    data_.reset(Allocate(data_bytes()));
+    if (view_.kind == Quantization::kInt8) scales_.reset(Allocate(scale_bytes()));
+    SetBias(spec);
     auto* data = reinterpret_cast<uint8_t*>(data_.get());
     auto* scales = reinterpret_cast<float*>(scales_.get());
 #pragma omp parallel num_threads(std::max(threads, 1))
@@ -420,7 +426,83 @@ class QuantizedLinear final : public PackedLinear {
     }
     view_.data = data;
     view_.scales = scales;
-    view_.bias = reinterpret_cast<const float*>(bias_.get());
+  }
+
+  // Why spec.prepacked cannot be adopted (empty when it can).
+  std::string AdoptRefusal(const PackedImage& image) const {
+    if (image.layout != LayoutName(view_.kind)) {
+      return absl::StrCat("layout ", image.layout, " is not ", LayoutName(view_.kind));
+    }
+    const PackedImage::Part* weights = image.Find("weights");
+    const PackedImage::Part* scales = image.Find("scales");
+    const size_t parts = view_.kind == Quantization::kInt8 ? 2 : 1;
+    if (image.parts.size() != parts || weights == nullptr || weights->bytes != data_bytes() ||
+        (view_.kind == Quantization::kInt8 &&
+         (scales == nullptr || scales->bytes != scale_bytes()))) {
+      return absl::StrCat("the image's parts are not those of ", LayoutName(view_.kind), " [",
+                          view_.n, ", ", view_.k, "]");
+    }
+    return "";
+  }
+
+  // Takes an accepted image's bytes, copied into memory of its own on up to `threads` threads
+  // (see CopyToHost for why not in place). Throws std::bad_alloc.
+  void Adopt(const LinearPackSpec& spec, int threads) {
+    auto place = [&](const PackedImage::Part& part, HostBytes& owned) -> const std::byte* {
+      owned = CopyToHost(part.data, part.bytes, threads);
+      if (owned == nullptr) throw std::bad_alloc();
+      return owned.get();
+    };
+    const PackedImage& image = *spec.prepacked;
+    view_.data = reinterpret_cast<const uint8_t*>(place(*image.Find("weights"), data_));
+    if (view_.kind == Quantization::kInt8) {
+      view_.scales = reinterpret_cast<const float*>(place(*image.Find("scales"), scales_));
+    }
+    SetBias(spec);
+    adopted_ = true;
+  }
+
+  std::optional<PackedImage> Image() const override {
+    PackedImage image;
+    image.layout = std::string(LayoutName(view_.kind));
+    image.dtype = compute_dtype_;
+    image.quantization = view_.kind;
+    image.rows = view_.n;
+    image.cols = view_.k;
+    image.parts.push_back(
+        {"weights", reinterpret_cast<const std::byte*>(view_.data), data_bytes()});
+    if (view_.kind == Quantization::kInt8) {
+      image.parts.push_back(
+          {"scales", reinterpret_cast<const std::byte*>(view_.scales), scale_bytes()});
+    }
+    return image;
+  }
+  bool adopted() const override { return adopted_; }
+
+  // W[n, k] as fp32: q · scale, the weights the kernels multiply by.
+  void Dequantize(float* out) const {
+#pragma omp parallel for schedule(static)
+    for (int64_t column = 0; column < view_.n; ++column) {
+      const int64_t p = column / PanelColumns(view_.kind);
+      const int64_t c = column % PanelColumns(view_.kind);
+      const int64_t b = c / 16, lane = c % 16;
+      const uint8_t* panel = view_.data + p * view_.panel_bytes;
+      float* row = out + column * view_.k;
+      for (int64_t i = 0; i < view_.k; ++i) {
+        if (view_.kind == Quantization::kInt8) {
+          const int q = panel[(i / 4) * kQuadBytesInt8 + b * 64 + lane * 4 + i % 4] - 128;
+          row[i] = static_cast<float>(q) * view_.scales[p * kInt8PanelColumns + c];
+        } else {
+          const uint8_t* block = panel + (i / kInt4GroupSize) * kInt4GroupBytes;
+          const int64_t within = i % kInt4GroupSize;
+          const uint8_t byte = block[(b * 4 + within / 8) * 64 + lane * 4 + within % 4];
+          const int q = ((within / 4) % 2 == 0 ? byte & 0x0f : byte >> 4) - 8;
+          uint16_t scale_bits;
+          std::memcpy(&scale_bits, block + kInt4GroupWeightBytes + 2 * c, sizeof(scale_bits));
+          row[i] = static_cast<float>(q) * F16ToF32(scale_bits);
+        }
+      }
+    }
   }
 
   const std::string& name() const override { return name_; }
@@ -454,14 +536,41 @@ class QuantizedLinear final : public PackedLinear {
     return static_cast<std::byte*>(p);
   }
 
+  void SetBias(const LinearPackSpec& spec) {
+    packed_bytes_ = data_bytes() + scale_bytes();
+    if (spec.bias.empty()) return;
+    bias_.reset(Allocate(spec.bias.size() * sizeof(float)));
+    std::memcpy(bias_.get(), spec.bias.data(), spec.bias.size() * sizeof(float));
+    packed_bytes_ += spec.bias.size() * sizeof(float);
+    view_.bias = reinterpret_cast<const float*>(bias_.get());
+  }
+
   const std::string name_;
   const DType compute_dtype_;
   PackedView view_;
-  HostBytes data_;
-  HostBytes scales_;
+  HostBytes data_;    // the packed (or adopted) weights
+  HostBytes scales_;  // int8's per-column scales
   HostBytes bias_;
   size_t packed_bytes_ = 0;
+  bool adopted_ = false;
 };
+
+// The quantization and shape of an image in one of the two layouts; InvalidArgument otherwise.
+absl::Status CheckImage(const PackedImage& image) {
+  if ((image.layout != kInt8Layout && image.layout != kInt4Layout) ||
+      image.quantization !=
+          (image.layout == kInt8Layout ? Quantization::kInt8 : Quantization::kInt4)) {
+    return absl::InvalidArgumentError(absl::StrCat("packed layout ", image.layout, " with ",
+                                                   QuantizationName(image.quantization),
+                                                   " weights is not a quantized CPU layout"));
+  }
+  if (image.rows <= 0 || image.cols <= 0 || image.cols > kMaxK ||
+      image.rows > (int64_t{1} << 40) / image.cols) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("packed image of shape [", image.rows, ", ", image.cols, "]"));
+  }
+  return absl::OkStatus();
+}
 
 }  // namespace
 
@@ -502,13 +611,64 @@ absl::StatusOr<std::unique_ptr<PackedLinear>> PackQuantizedLinear(const LinearPa
   if (!spec.bias.empty() && static_cast<int64_t>(spec.bias.size()) != n) {
     return invalid("bias has ", spec.bias.size(), " values for ", n, " output rows");
   }
-  auto linear = std::make_unique<QuantizedLinear>(spec, k, n);
+  auto linear = std::make_unique<QuantizedLinear>(spec, spec.quantization, k, n);
   try {
     linear->Pack(spec, threads);
   } catch (const std::bad_alloc&) {
     return absl::ResourceExhaustedError(absl::StrCat("PackLinear(", spec.name, "): out of memory"));
   }
   return std::unique_ptr<PackedLinear>(std::move(linear));
+}
+
+std::string QuantizedAdoptRefusal(const LinearPackSpec& spec) {
+  const PackedImage& image = *spec.prepacked;
+  if (!QuantizedKernelSupported()) return "this CPU has no AVX-512 VNNI";
+  if (absl::Status valid = CheckImage(image); !valid.ok()) return std::string(valid.message());
+  if (spec.quantization != image.quantization) {
+    return absl::StrCat("the image holds ", QuantizationName(image.quantization), " weights, ",
+                        QuantizationName(spec.quantization), " were asked for");
+  }
+  return QuantizedLinear(spec, image.quantization, image.cols, image.rows).AdoptRefusal(image);
+}
+
+absl::StatusOr<std::unique_ptr<PackedLinear>> AdoptQuantizedLinear(const LinearPackSpec& spec,
+                                                                   int threads) {
+  if (const std::string refusal = QuantizedAdoptRefusal(spec); !refusal.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("PackLinear(", spec.name, "): cannot adopt the packed image: ", refusal));
+  }
+  const PackedImage& image = *spec.prepacked;
+  if (!spec.bias.empty() && static_cast<int64_t>(spec.bias.size()) != image.rows) {
+    return absl::InvalidArgumentError(absl::StrCat("PackLinear(", spec.name, "): bias has ",
+                                                   spec.bias.size(), " values for ", image.rows,
+                                                   " output rows"));
+  }
+  auto linear = std::make_unique<QuantizedLinear>(spec, image.quantization, image.cols, image.rows);
+  try {
+    linear->Adopt(spec, threads);
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError(absl::StrCat("PackLinear(", spec.name, "): out of memory"));
+  }
+  return std::unique_ptr<PackedLinear>(std::move(linear));
+}
+
+absl::StatusOr<std::vector<float>> DequantizeImage(const PackedImage& image) {
+  KILN_RETURN_IF_ERROR(CheckImage(image));
+  LinearPackSpec spec;
+  spec.name = "unpack";
+  spec.prepacked = &image;
+  QuantizedLinear linear(spec, image.quantization, image.cols, image.rows);
+  if (const std::string refusal = linear.AdoptRefusal(image); !refusal.empty()) {
+    return absl::InvalidArgumentError(refusal);
+  }
+  try {
+    linear.Adopt(spec, omp_get_max_threads());
+    std::vector<float> plain(static_cast<size_t>(image.rows * image.cols));
+    linear.Dequantize(plain.data());
+    return plain;
+  } catch (const std::bad_alloc&) {
+    return absl::ResourceExhaustedError("unpacking a quantized image: out of memory");
+  }
 }
 
 bool IsQuantizedLinear(const PackedLinear& linear) {

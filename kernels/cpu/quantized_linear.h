@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/statusor.h"
 #include "kernels/backend.h"
@@ -28,7 +29,18 @@ std::string QuantizedPackRefusal(const LinearPackSpec& spec);
 absl::StatusOr<std::unique_ptr<PackedLinear>> PackQuantizedLinear(const LinearPackSpec& spec,
                                                                   int threads);
 
-// Whether PackQuantizedLinear made `linear`.
+// Why spec.prepacked (an image of a quantized linear) cannot be adopted on this CPU as
+// spec.quantization asks (empty when it can): its layout, parts or quantization differ.
+std::string QuantizedAdoptRefusal(const LinearPackSpec& spec);
+// A quantized linear on a copy of spec.prepacked's bytes (copied on up to `threads` OpenMP
+// threads): nothing is quantized.
+absl::StatusOr<std::unique_ptr<PackedLinear>> AdoptQuantizedLinear(const LinearPackSpec& spec,
+                                                                   int threads);
+// The fp32 W[N, K] a quantized image stands for (q · scale), for loads that cannot adopt it.
+// Runs anywhere: no VNNI needed.
+absl::StatusOr<std::vector<float>> DequantizeImage(const PackedImage& image);
+
+// Whether PackQuantizedLinear or AdoptQuantizedLinear made `linear`.
 bool IsQuantizedLinear(const PackedLinear& linear);
 // y[m, n] = x[m, k]·Wᵀ (+ bias) for a linear PackQuantizedLinear made, on up to `threads` OpenMP
 // threads; x and y contiguous fp32. InvalidArgument for any other linear.

@@ -423,20 +423,20 @@ TEST(NativeTensorizedTest, NewerNativeVersionIsRefused) {
   absl::StatusOr<OpenedCheckpoint> opened = OpenCheckpoint(kLlamaTiny);
   ASSERT_TRUE(opened.ok()) << opened.status();
   ASSERT_TRUE(WriteNativeTensorized(dir / "m.tensors", opened->source, opened->config, {}).ok());
-  // The marker's value is the native format version: make it 2 and skip the hashes it breaks.
+  // The marker's value is the native format version: make it 3 and skip the hashes it breaks.
   std::string bytes = ReadBytes(dir / "m.tensors");
   absl::StatusOr<tensorizer::TensorizerFile> file =
       tensorizer::TensorizerFile::Open(dir / "m.tensors");
   ASSERT_TRUE(file.ok()) << file.status();
   const tensorizer::TensorInfo* marker = file->Find(".kiln_tensorized_marker");
   ASSERT_NE(marker, nullptr);
-  bytes[marker->data_offset] = 2;
-  testing_util::WriteBytes(dir / "v2.tensors", bytes);
+  bytes[marker->data_offset] = 3;
+  testing_util::WriteBytes(dir / "v3.tensors", bytes);
   LoadOptions options;
   options.tensorizer.hash_check = tensorizer::HashCheck::kNone;
-  absl::StatusOr<std::unique_ptr<PreparedModel>> model = Load(dir / "v2.tensors", options);
+  absl::StatusOr<std::unique_ptr<PreparedModel>> model = Load(dir / "v3.tensors", options);
   ASSERT_FALSE(model.ok());
-  EXPECT_CONTAINS(model.status().message(), "format version 2");
+  EXPECT_CONTAINS(model.status().message(), "format version 3");
 }
 
 }  // namespace
