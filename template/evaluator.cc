@@ -472,7 +472,11 @@ absl::StatusOr<Value> Arith(const std::string& op, const Value& a, const Value& 
       return absl::ResourceExhaustedError("list repetition exceeds the loop iteration limit");
     }
     List items;
-    for (int64_t k = 0; k < count; ++k) items.insert(items.end(), a.list->begin(), a.list->end());
+    // An empty list repeated any number of times is empty at once (as in Python): the count is
+    // not bounded by the iteration limit above, which only a non-empty list can reach.
+    for (int64_t k = 0; k < count && !a.list->empty(); ++k) {
+      items.insert(items.end(), a.list->begin(), a.list->end());
+    }
     return Value::MakeList(std::move(items), a.is_tuple);
   }
   if (op == "*" && a.IsIntLike() && (b.IsString() || b.IsList())) return Arith(op, b, a, ev);
