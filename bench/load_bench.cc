@@ -36,7 +36,6 @@
 #include "loaders/tensorizer_reader.h"
 #include "loaders/tensorizer_verify.h"
 #include "loaders/tensorizer_writer.h"
-#include "models/prepack.h"
 
 ABSL_FLAG(std::string, preset, "qwen2.5-0.5b", "model shape (kiln synth preset)");
 ABSL_FLAG(std::string, model_dir, "build/bench-models", "where synthesized models are kept");
@@ -91,14 +90,9 @@ absl::StatusOr<fs::path> PreparePrepacked(const fs::path& native, std::shared_pt
   PostLoadOptions options;
   options.quantize = quantize;
   std::printf("writing %s ...\n", file.c_str());
-  absl::StatusOr<PrepackedCheckpoint> prepacked =
-      PrepackCheckpoint(opened->source, opened->config, std::nullopt, std::move(backend), options);
-  if (!prepacked.ok()) return prepacked.status();
-  NativeTensorizeOptions write_options;
-  write_options.packed = prepacked->packed;
-  absl::Status written =
-      WriteNativeTensorized(file, prepacked->model->source(), opened->config, write_options)
-          .status();
+  absl::Status written = WritePrepackedNativeTensorized(file, opened->source, opened->config,
+                                                        std::move(backend), options, {})
+                             .status();
   if (!written.ok()) return written;
   return file;
 }

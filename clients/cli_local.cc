@@ -23,7 +23,6 @@
 #include "kernels/backend_registry.h"
 #include "loaders/load_model.h"
 #include "loaders/tensorizer_verify.h"
-#include "models/prepack.h"
 #include "nlohmann/json.hpp"
 #include "tokenizer/tokenizer.h"
 
@@ -293,13 +292,9 @@ int TensorizeLocal(const Args& args) {
     if (!backend.ok()) return Fail(backend.status());
     PostLoadOptions post_load;
     post_load.quantize = *quantize;
-    absl::StatusOr<PrepackedCheckpoint> prepacked =
-        PrepackCheckpoint(opened->source, opened->config, write_options.dtype,
-                          std::shared_ptr<Backend>(*std::move(backend)), post_load);
-    if (!prepacked.ok()) return Fail(prepacked.status());
-    write_options.dtype.reset();  // converted already
-    write_options.packed = prepacked->packed;
-    written = WriteNativeTensorized(out, prepacked->model->source(), opened->config, write_options);
+    written = WritePrepackedNativeTensorized(out, opened->source, opened->config,
+                                             std::shared_ptr<Backend>(*std::move(backend)),
+                                             post_load, write_options);
   } else {
     written = WriteNativeTensorized(out, opened->source, opened->config, write_options);
   }

@@ -2,7 +2,7 @@
 // load can hand them back instead of packing again (native tensorized files written with
 // `kiln tensorize --prepack`). The layout name says whose layout it is and its version; a backend
 // adopts an image only in a layout it packs into itself on this machine, and anything else is
-// unpacked to plain weights and packed as usual (kernels/cpu/packed_images.h).
+// unpacked to plain weights and packed as usual (the CPU backend: CpuBackend::AdoptOrUnpack).
 #pragma once
 
 #include <cstddef>

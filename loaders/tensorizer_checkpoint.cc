@@ -17,6 +17,7 @@
 #include "loaders/tensorizer_reader.h"
 #include "loaders/tensorizer_writer.h"
 #include "models/engine_layout.h"
+#include "models/prepack.h"
 #include "nlohmann/json.hpp"
 
 namespace kiln {
@@ -183,7 +184,6 @@ absl::Status AddPackedRecords(absl::string_view manifest_text,
     if (part_names->empty() || part_names->size() > kMaxPackedParts) {
       return bad(name, ": 1 to ", kMaxPackedParts, " parts");
     }
-    size_t bytes = 0;
     for (const Json& part : *part_names) {
       if (!part.is_string()) return bad(name, ": part names are strings");
       const std::string part_name = part.get<std::string>();
@@ -191,7 +191,6 @@ absl::Status AddPackedRecords(absl::string_view manifest_text,
       if (it == parts.end()) return bad(name, ": part ", part_name, " is not in the file");
       if (image->Find(part_name) != nullptr) return bad(name, ": part ", part_name, " twice");
       image->parts.push_back({part_name, it->second.data, it->second.size});
-      bytes += it->second.size;
       parts.erase(it);
     }
     TensorRecord record;
@@ -199,10 +198,10 @@ absl::Status AddPackedRecords(absl::string_view manifest_text,
     record.dtype = image->dtype;
     record.shape = {image->rows, image->cols};
     record.data = image->parts.front().data;
-    record.byte_size = bytes;
+    record.byte_size = image->bytes();
     record.origin = file_name;
     record.packed = std::move(image);
-    source.provenance().bytes_read += bytes;
+    source.provenance().bytes_read += record.byte_size;
     KILN_RETURN_IF_ERROR(source.Add(std::move(record)));
   }
   if (!parts.empty()) {
@@ -548,6 +547,18 @@ absl::StatusOr<NativeTensorizeResult> WriteNativeTensorized(const fs::path& file
   LOG(INFO) << "wrote native tensorized file " << file.string() << ": " << result.tensors
             << " tensors (" << result.packed << " packed), " << result.bytes << " bytes";
   return result;
+}
+
+absl::StatusOr<NativeTensorizeResult> WritePrepackedNativeTensorized(
+    const fs::path& file, const WeightSource& source, const ModelConfig& config,
+    std::shared_ptr<Backend> backend, const PostLoadOptions& post_load,
+    NativeTensorizeOptions options) {
+  KILN_ASSIGN_OR_RETURN(
+      PrepackedCheckpoint prepacked,
+      PrepackCheckpoint(source, config, options.dtype, std::move(backend), post_load));
+  options.dtype.reset();                         // converted already
+  options.packed = std::move(prepacked.packed);  // images in prepacked.model, alive until return
+  return WriteNativeTensorized(file, prepacked.model->source(), config, options);
 }
 
 }  // namespace kiln

@@ -5,11 +5,13 @@
 
 #include <filesystem>
 #include <map>
+#include <memory>
 #include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "loaders/tensorizer_verify.h"
+#include "models/lifecycle.h"
 #include "models/model_config.h"
 #include "models/weight_source.h"
 
@@ -74,5 +76,12 @@ absl::StatusOr<NativeTensorizeResult> WriteNativeTensorized(const std::filesyste
                                                             const WeightSource& source,
                                                             const ModelConfig& config,
                                                             const NativeTensorizeOptions& options);
+
+// WriteNativeTensorized with the linears prepared on `backend` as a load would (post_load.quantize
+// applies; options.dtype converts first) and stored packed (`kiln tensorize --prepack`).
+absl::StatusOr<NativeTensorizeResult> WritePrepackedNativeTensorized(
+    const std::filesystem::path& file, const WeightSource& source, const ModelConfig& config,
+    std::shared_ptr<Backend> backend, const PostLoadOptions& post_load,
+    NativeTensorizeOptions options);
 
 }  // namespace kiln

@@ -334,7 +334,7 @@ class CpuBackend final : public Backend {
     std::vector<size_t> dense_at;
     for (size_t i = 0; i < specs.size(); ++i) {
       if (packed[i] != nullptr) continue;
-      if (specs[i].quantization != Quantization::kNone && specs[i].prepacked == nullptr) {
+      if (specs[i].quantization != Quantization::kNone) {
         const std::string refusal = cpu::QuantizedPackRefusal(specs[i]);
         if (refusal.empty()) {
           KILN_ASSIGN_OR_RETURN(packed[i], cpu::PackQuantizedLinear(specs[i], threads));

@@ -21,14 +21,13 @@ memory::data_type ToDnnl(DType dtype) {
 }  // namespace
 
 absl::StatusOr<std::vector<std::byte>> UnpackOneDnnImage(const PackedImage& image) {
-  const std::pair<absl::string_view, Tag> known[] = {{kBf16PanelLayout, Tag::BA16a64b2a},
-                                                     {kF32PanelLayout, Tag::BA16a64b}};
-  const auto it = std::find_if(std::begin(known), std::end(known),
-                               [&](const auto& entry) { return entry.first == image.layout; });
-  if (it == std::end(known)) {
+  const auto it =
+      std::find_if(std::begin(kPanelLayouts), std::end(kPanelLayouts),
+                   [&](const PanelLayout& layout) { return layout.name == image.layout; });
+  if (it == std::end(kPanelLayouts)) {
     return absl::InvalidArgumentError(absl::StrCat("unknown packed layout ", image.layout));
   }
-  const DType dtype = it->second == Tag::BA16a64b2a ? DType::kBF16 : DType::kF32;
+  const DType dtype = it->dtype;
   const PackedImage::Part* weights = image.Find("weights");
   if (image.dtype != dtype || image.quantization != Quantization::kNone || weights == nullptr ||
       image.rows <= 0 || image.cols <= 0 || image.rows > (int64_t{1} << 40) / image.cols) {
@@ -37,7 +36,7 @@ absl::StatusOr<std::vector<std::byte>> UnpackOneDnnImage(const PackedImage& imag
   }
   try {
     const dnnl::engine engine(dnnl::engine::kind::cpu, 0);
-    const memory::desc packed_md({image.cols, image.rows}, ToDnnl(dtype), it->second);
+    const memory::desc packed_md({image.cols, image.rows}, ToDnnl(dtype), it->tag);
     if (weights->bytes != packed_md.get_size()) {
       return absl::InvalidArgumentError(
           absl::StrCat("packed image in ", image.layout, " of [", image.rows, ", ", image.cols,

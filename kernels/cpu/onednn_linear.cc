@@ -259,7 +259,6 @@ class OneDnnLinear final : public PackedLinear {
   void Pack(const LinearPackSpec& spec) {
     const size_t packed_size = packed_md_.get_size();
     packed_ = AllocAligned(packed_size);
-    weights_ = packed_.get();
     weights_mem_ = memory(packed_md_, engine_, packed_.get());
     dnnl::stream& stream = ThreadStream(engine_);
     const bool in_place = ReorderBlocksWhereTheyLie(spec, stream);
@@ -297,7 +296,6 @@ class OneDnnLinear final : public PackedLinear {
     const PackedImage::Part& part = *spec.prepacked->Find("weights");
     packed_ = CopyToHost(part.data, part.bytes, /*threads=*/1);
     if (packed_ == nullptr) throw std::bad_alloc();
-    weights_ = packed_.get();
     weights_mem_ = memory(packed_md_, engine_, packed_.get());
     adopted_ = true;
     SetBias(spec);
@@ -308,20 +306,23 @@ class OneDnnLinear final : public PackedLinear {
   // The layout name of this linear's packed bytes where it is the panel layout (the one the
   // small-M kernel reads and that an image may hold), else empty.
   std::string ImageLayout() const {
-    const Tag panel_tag = dtype_ == DType::kBF16 ? Tag::BA16a64b2a : Tag::BA16a64b;
-    if (!(packed_md_ == memory::desc({k_, n_}, ToDnnl(dtype_), panel_tag))) return "";
-    return std::string(dtype_ == DType::kBF16 ? kBf16PanelLayout : kF32PanelLayout);
+    return InPanelLayout() ? std::string(PanelLayoutFor(dtype_).name) : "";
+  }
+
+  // Whether the packed layout is the panel one (64 columns × all of K, contiguous).
+  bool InPanelLayout() const {
+    return packed_md_ == memory::desc({k_, n_}, ToDnnl(dtype_), PanelLayoutFor(dtype_).tag);
   }
 
   std::optional<PackedImage> Image() const override {
     const std::string layout = ImageLayout();
-    if (layout.empty() || weights_ == nullptr) return std::nullopt;
+    if (layout.empty() || packed_ == nullptr) return std::nullopt;
     PackedImage image;
     image.layout = layout;
     image.dtype = dtype_;
     image.rows = n_;
     image.cols = k_;
-    image.parts.push_back({"weights", weights_, packed_md_.get_size()});
+    image.parts.push_back({"weights", packed_.get(), packed_md_.get_size()});
     return image;
   }
   bool adopted() const override { return adopted_; }
@@ -339,12 +340,10 @@ class OneDnnLinear final : public PackedLinear {
   // The small-M kernel reads the packed weight when it is in the panel layout (64 columns × all
   // of K, contiguous) and the CPU has the instructions.
   void DescribePanels() {
-    const Tag panel_tag = dtype_ == DType::kBF16 ? Tag::BA16a64b2a : Tag::BA16a64b;
-    if (!(packed_md_ == memory::desc({k_, n_}, ToDnnl(dtype_), panel_tag))) return;
-    if (!SmallMKernelSupported(dtype_)) return;
+    if (!InPanelLayout() || !SmallMKernelSupported(dtype_)) return;
     const dnnl_memory_desc_t& md = packed_md_.data;
     PanelWeights panel;
-    panel.data = weights_;
+    panel.data = packed_.get();
     panel.dtype = dtype_;
     panel.k = k_;
     panel.k_padded = md.padded_dims[0];
@@ -543,8 +542,7 @@ class OneDnnLinear final : public PackedLinear {
   const dnnl::engine engine_;
   const std::shared_ptr<PrimitiveCache> cache_;
   memory::desc packed_md_;
-  HostBytes packed_;                    // the packed (or adopted) weight
-  const std::byte* weights_ = nullptr;  // packed_, once packed
+  HostBytes packed_;  // the packed (or adopted) weight
   bool adopted_ = false;
   memory weights_mem_;
   HostBytes bias_;

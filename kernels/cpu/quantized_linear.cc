@@ -479,7 +479,17 @@ class QuantizedLinear final : public PackedLinear {
   }
   bool adopted() const override { return adopted_; }
 
-  // W[n, k] as fp32: q · scale, the weights the kernels multiply by.
+  // Points the view at an accepted image's bytes where they lie, unowned, for Dequantize only
+  // (the kernels' aligned loads need Adopt's copies).
+  void ViewInPlace(const PackedImage& image) {
+    view_.data = reinterpret_cast<const uint8_t*>(image.Find("weights")->data);
+    if (view_.kind == Quantization::kInt8) {
+      view_.scales = reinterpret_cast<const float*>(image.Find("scales")->data);
+    }
+  }
+
+  // W[n, k] as fp32: q · scale, the weights the kernels multiply by. Reads the view at any
+  // alignment.
   void Dequantize(float* out) const {
 #pragma omp parallel for schedule(static)
     for (int64_t column = 0; column < view_.n; ++column) {
@@ -491,7 +501,9 @@ class QuantizedLinear final : public PackedLinear {
       for (int64_t i = 0; i < view_.k; ++i) {
         if (view_.kind == Quantization::kInt8) {
           const int q = panel[(i / 4) * kQuadBytesInt8 + b * 64 + lane * 4 + i % 4] - 128;
-          row[i] = static_cast<float>(q) * view_.scales[p * kInt8PanelColumns + c];
+          float scale;
+          std::memcpy(&scale, view_.scales + p * kInt8PanelColumns + c, sizeof(scale));
+          row[i] = static_cast<float>(q) * scale;
         } else {
           const uint8_t* block = panel + (i / kInt4GroupSize) * kInt4GroupBytes;
           const int64_t within = i % kInt4GroupSize;
@@ -656,13 +668,12 @@ absl::StatusOr<std::vector<float>> DequantizeImage(const PackedImage& image) {
   KILN_RETURN_IF_ERROR(CheckImage(image));
   LinearPackSpec spec;
   spec.name = "unpack";
-  spec.prepacked = &image;
   QuantizedLinear linear(spec, image.quantization, image.cols, image.rows);
   if (const std::string refusal = linear.AdoptRefusal(image); !refusal.empty()) {
     return absl::InvalidArgumentError(refusal);
   }
+  linear.ViewInPlace(image);
   try {
-    linear.Adopt(spec, omp_get_max_threads());
     std::vector<float> plain(static_cast<size_t>(image.rows * image.cols));
     linear.Dequantize(plain.data());
     return plain;

@@ -15,7 +15,6 @@
 #include "loaders/tensorizer_checkpoint.h"
 #include "loaders/tensorizer_reader.h"
 #include "models/lifecycle.h"
-#include "models/prepack.h"
 #include "tests/loaders/test_util.h"
 #include "tests/models/cpu_backend.h"
 
@@ -70,12 +69,8 @@ absl::StatusOr<NativeTensorizeResult> WritePrepacked(const fs::path& checkpoint,
   if (!opened.ok()) return opened.status();
   PostLoadOptions options;
   options.quantize = quantize;
-  absl::StatusOr<PrepackedCheckpoint> prepacked =
-      PrepackCheckpoint(opened->source, opened->config, std::nullopt, CpuBackend(), options);
-  if (!prepacked.ok()) return prepacked.status();
-  NativeTensorizeOptions write_options;
-  write_options.packed = prepacked->packed;
-  return WriteNativeTensorized(file, prepacked->model->source(), opened->config, write_options);
+  return WritePrepackedNativeTensorized(file, opened->source, opened->config, CpuBackend(), options,
+                                        {});
 }
 
 class PrepackedLoadTest : public ::testing::TestWithParam<Quantization> {
