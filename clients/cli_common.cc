@@ -95,10 +95,12 @@ const std::vector<Command>& Commands() {
         "json", KILN_ADMIN_FLAGS},
        &ModelsLoad},
       {"models tensorize",
-       "NAME OUT [--dtype bf16|f32] [--overwrite]",
+       "NAME OUT [--dtype bf16|f32] [--prepack] [--overwrite]",
        "Write loaded model NAME as a native tensorized file OUT (a path inside one of the\n"
-       "server's model roots): kiln's engine layout with the config and tokenizer inside.",
-       {"dtype", "overwrite", KILN_ADMIN_FLAGS},
+       "server's model roots): kiln's engine layout with the config and tokenizer inside.\n"
+       "--prepack stores the linears as the server packed (and quantized) them, so that a load\n"
+       "packs nothing.",
+       {"dtype", "prepack", "overwrite", KILN_ADMIN_FLAGS},
        &ModelsTensorize},
       {"models unload", "NAME", "Unload a model.", {KILN_ADMIN_FLAGS}, &ModelsUnload},
       {"models get",

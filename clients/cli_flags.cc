@@ -18,7 +18,7 @@ ABSL_FLAG(bool, overwrite, false, "tensorize: replace an existing output file");
 ABSL_FLAG(bool, prepack, false,
           "tensorize: store the linears packed for this machine's CPU kernels (and quantized as "
           "--quantize says), so a load adopts them and packs nothing; another machine unpacks "
-          "them and packs as usual");
+          "them and packs as usual. models tensorize: store them as the server packed them");
 ABSL_FLAG(std::string, backend, "",
           "run: compute backend (default cpu); models load: the server's backend for the model "
           "(default: the server's --backend)");

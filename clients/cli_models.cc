@@ -66,6 +66,11 @@ void PrintModel(const kiln::v1::ModelInfo& model, bool verbose) {
                                            " of ", model.linears(), " linears)")
                             : model.quantization());
   }
+  if (model.adopted_linears() > 0) {
+    row("prepacked", absl::StrCat(model.adopted_linears(), " of ", model.linears(),
+                                  " linears adopted from the file, ",
+                                  model.adopted_in_place_linears(), " read where they lie"));
+  }
   row("parameters",
       absl::StrCat(Count(model.parameter_count()), " (", model.parameter_count(), ")"));
   row("memory", absl::StrCat(Bytes(model.bytes_in_memory()), " (", model.bytes_in_memory(), ")"));
@@ -250,13 +255,15 @@ int ModelsTensorize(const Args& args) {
   request.set_output_path(args[1]);
   request.set_dtype(dtype);
   request.set_overwrite(absl::GetFlag(FLAGS_overwrite));
+  request.set_prepack(absl::GetFlag(FLAGS_prepack));
   kiln::v1::TensorizeResponse response;
   if (absl::Status status = CallModels(&kiln::v1::Models::Stub::Tensorize, request, &response);
       !status.ok()) {
     return ReportError(status);
   }
-  std::cout << "wrote " << response.path() << ": " << response.tensors() << " tensors, "
-            << response.bytes() << " bytes in " << response.seconds() << " s\n";
+  std::cout << "wrote " << response.path() << ": " << response.tensors() << " tensors"
+            << (response.packed() > 0 ? absl::StrCat(" (", response.packed(), " packed)") : "")
+            << ", " << response.bytes() << " bytes in " << response.seconds() << " s\n";
   return kExitOk;
 }
 

@@ -76,6 +76,9 @@ class PackedLinear {
   virtual std::optional<PackedImage> Image() const { return std::nullopt; }
   // Whether the weight was adopted from a PackedImage rather than packed.
   virtual bool adopted() const { return false; }
+  // Whether an adopted weight is read where the image's bytes lie (a file's mapping: see
+  // PackedImage::backing) rather than from a copy.
+  virtual bool adopted_in_place() const { return false; }
 
  protected:
   PackedLinear() = default;

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -29,6 +30,13 @@ struct PackedImage {
   int64_t rows = 0;         // output features (N)
   int64_t cols = 0;         // input features (K)
   std::vector<Part> parts;  // bias not included: it stays a plain tensor
+
+  // Where a backend may keep using the parts' bytes after the load (rather than copy them): what
+  // keeps them alive (the file's mapping), and whether the kernel maps them in 2 MiB pages, so
+  // that streaming them costs no more TLB misses than the backend's own huge-page memory. Without
+  // both, the bytes are only valid during the load and a backend copies them.
+  std::shared_ptr<const void> backing;
+  bool in_huge_pages = false;
 
   const Part* Find(absl::string_view name) const {
     for (const Part& part : parts) {

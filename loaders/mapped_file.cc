@@ -5,12 +5,20 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
+#include <fstream>
 #include <limits>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
+#include "base/status_macros.h"
 
 namespace kiln {
 namespace {
@@ -46,7 +54,80 @@ class FdCloser {
   int fd_;
 };
 
+constexpr size_t kHugePage = size_t{2} << 20;
+
 }  // namespace
+
+absl::StatusOr<const std::byte*> MappedFile::Map(int fd, size_t size,
+                                                 const std::filesystem::path& path) {
+  if (size < kHugePage) {
+    void* mapped = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
+    if (mapped == MAP_FAILED) return ErrnoError(errno, path, "mmap");
+    return static_cast<const std::byte*>(mapped);
+  }
+  // A 2 MiB-aligned address, so that file offsets and addresses agree modulo 2 MiB (the kernel
+  // maps a large folio with one page-table entry only then): reserve 2 MiB more, map the file
+  // over the aligned start, give back the rest.
+  const size_t reserved = size + kHugePage;
+  void* reservation =
+      ::mmap(nullptr, reserved, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (reservation == MAP_FAILED) return ErrnoError(errno, path, "reserve addresses to map");
+  const uintptr_t begin = reinterpret_cast<uintptr_t>(reservation);
+  const uintptr_t aligned = (begin + kHugePage - 1) / kHugePage * kHugePage;
+  void* mapped =
+      ::mmap(reinterpret_cast<void*>(aligned), size, PROT_READ, MAP_PRIVATE | MAP_FIXED, fd, 0);
+  if (mapped == MAP_FAILED) {
+    const int err = errno;
+    ::munmap(reservation, reserved);
+    return ErrnoError(err, path, "mmap");
+  }
+  if (aligned > begin) ::munmap(reservation, aligned - begin);
+  const uintptr_t end = aligned + (size + 4095) / 4096 * 4096;
+  if (begin + reserved > end) ::munmap(reinterpret_cast<void*>(end), begin + reserved - end);
+  ::madvise(mapped, size, MADV_HUGEPAGE);  // advisory: without it, 4 KiB pages
+  return static_cast<const std::byte*>(mapped);
+}
+
+void MappedFile::Populate(std::span<const std::byte> range) const {
+#ifdef MADV_POPULATE_READ
+  if (range.empty()) return;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t first = reinterpret_cast<uintptr_t>(range.data()) / page * page;
+  const uintptr_t end = reinterpret_cast<uintptr_t>(range.data() + range.size());
+  ::madvise(reinterpret_cast<void*>(first), end - first, MADV_POPULATE_READ);
+#else
+  (void)range;
+#endif
+}
+
+double MappedFile::ResidentShareInHugePages() const {
+  if (data_ == nullptr) return 0;
+  // smaps lists each mapping as "start-end perms ..." followed by "Key: value kB" lines.
+  std::ifstream smaps("/proc/self/smaps");
+  const uintptr_t start = reinterpret_cast<uintptr_t>(data_);
+  std::string line;
+  bool ours = false;
+  uint64_t rss_kb = 0, huge_kb = 0;
+  while (std::getline(smaps, line)) {
+    const size_t colon = line.find(':');
+    const size_t dash = line.find('-');
+    if (dash != std::string::npos && (colon == std::string::npos || dash < colon)) {
+      if (ours) break;  // the next mapping's header
+      uint64_t begin = 0;
+      ours = absl::SimpleHexAtoi(line.substr(0, dash), &begin) && begin == start;
+      continue;
+    }
+    if (!ours || colon == std::string::npos) continue;
+    const std::string key = line.substr(0, colon);
+    uint64_t kb = 0;
+    const std::vector<std::string> fields =
+        absl::StrSplit(line.substr(colon + 1), ' ', absl::SkipEmpty());
+    if (fields.empty() || !absl::SimpleAtoi(fields[0], &kb)) continue;
+    if (key == "Rss") rss_kb = kb;
+    if (key == "FilePmdMapped") huge_kb = kb;
+  }
+  return rss_kb == 0 ? 0.0 : std::min(1.0, static_cast<double>(huge_kb) / rss_kb);
+}
 
 absl::StatusOr<std::shared_ptr<MappedFile>> MappedFile::Open(const std::filesystem::path& path,
                                                              bool keep_descriptor) {
@@ -71,9 +152,7 @@ absl::StatusOr<std::shared_ptr<MappedFile>> MappedFile::Open(const std::filesyst
   // mmap of length 0 is an error (EINVAL); an empty file is an empty span without a mapping.
   const std::byte* data = nullptr;
   if (size != 0) {
-    void* mapped = ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd, 0);
-    if (mapped == MAP_FAILED) return ErrnoError(errno, path, "mmap");
-    data = static_cast<const std::byte*>(mapped);
+    KILN_ASSIGN_OR_RETURN(data, Map(fd, size, path));
   }
   return std::shared_ptr<MappedFile>(
       new MappedFile(path, data, size, keep_descriptor ? closer.Release() : -1));

@@ -1,6 +1,7 @@
 #include "loaders/tensorizer_checkpoint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -127,13 +128,50 @@ absl::StatusOr<int64_t> NativeMarkerVersion(const TensorInfo& info,
   return version;
 }
 
+// Where a backend finds the packed linears' bytes after the load (PackedImage::backing).
+struct PackedPlacement {
+  std::shared_ptr<const void> backing;
+  bool in_huge_pages = false;
+};
+
+// The one place a native file's packed bytes are placed: read into the page cache and mapped now,
+// so that neither the first forward nor a cold file pays for it later; and kept where they lie
+// when the kernel maps them in 2 MiB pages (a filesystem with large folios, MappedFile), where
+// streaming them is as fast as from the backend's own memory and nothing needs copying. Otherwise
+// (4 KiB pages, or decrypted copies) the backend copies them into memory of its own.
+PackedPlacement PlacePackedBytes(
+    const tensorizer::TensorizerFile& tz, LoadMode mode,
+    const absl::flat_hash_map<std::string, tensorizer::TensorBytes>& parts,
+    const std::string& file) {
+  PackedPlacement placement;
+  placement.backing = tz.keep_alive();
+  if (mode != LoadMode::kMmapZeroCopy || parts.empty()) return placement;
+  const std::byte* first = nullptr;
+  const std::byte* end = nullptr;
+  uint64_t bytes = 0;
+  for (const auto& [name, part] : parts) {
+    if (first == nullptr || part.data < first) first = part.data;
+    if (end == nullptr || part.data + part.size > end) end = part.data + part.size;
+    bytes += part.size;
+  }
+  tz.mapping().Populate({first, static_cast<size_t>(end - first)});
+  const double share = tz.mapping().ResidentShareInHugePages();
+  constexpr double kEnoughInHugePages = 0.9;
+  placement.in_huge_pages = share >= kEnoughInHugePages;
+  LOG(INFO) << file << ": " << bytes << " bytes of packed linears; " << std::lround(100 * share)
+            << "% of the mapped file is in 2 MiB pages: "
+            << (placement.in_huge_pages ? "used where they lie"
+                                        : "copied into the backend's memory");
+  return placement;
+}
+
 // A native file's packed linears: the manifest's entries, each a record whose image points at its
 // `.kiln_packed/<name>/<part>` tensors. Every packed tensor must be listed and every listed part
 // present; the logical shape must be 2-D. Errors name the file and the entry.
 absl::Status AddPackedRecords(absl::string_view manifest_text,
                               absl::flat_hash_map<std::string, tensorizer::TensorBytes> parts,
-                              const std::string& file, const std::string& file_name,
-                              WeightSource& source) {
+                              const PackedPlacement& placement, const std::string& file,
+                              const std::string& file_name, WeightSource& source) {
   using Json = nlohmann::json;
   auto bad = [&](auto&&... what) {
     return absl::InvalidArgumentError(
@@ -165,6 +203,8 @@ absl::Status AddPackedRecords(absl::string_view manifest_text,
     }
     auto image = std::make_shared<PackedImage>();
     image->layout = layout->get<std::string>();
+    image->backing = placement.backing;
+    image->in_huge_pages = placement.in_huge_pages;
     absl::StatusOr<DType> parsed_dtype = ParseDTypeApiName(dtype->get<std::string>());
     absl::StatusOr<Quantization> parsed_quantization =
         ParseQuantization(quantization->get<std::string>());
@@ -413,8 +453,9 @@ absl::StatusOr<TensorizerCheckpoint> OpenTensorizerCheckpoint(
       return absl::InvalidArgumentError(
           absl::StrCat(file.string(), " has packed tensors but no ", kNativePackedManifest));
     }
-    KILN_RETURN_IF_ERROR(AddPackedRecords(*packed_manifest, std::move(packed_parts), file.string(),
-                                          file_name, source));
+    const PackedPlacement placement = PlacePackedBytes(tz, mode, packed_parts, file.string());
+    KILN_RETURN_IF_ERROR(AddPackedRecords(*packed_manifest, std::move(packed_parts), placement,
+                                          file.string(), file_name, source));
   }
   if (pad_records > 0) {
     provenance.dropped.push_back({absl::StrCat(kNativePadPrefix, "*"), pad_bytes, file_name,

@@ -277,6 +277,7 @@ uint32_t TensorizerFile::version() const { return state_->header.version; }
 bool TensorizerFile::has_crypt_info() const { return state_->header.has_crypt_info(); }
 bool TensorizerFile::any_encrypted() const { return state_->any_encrypted; }
 uint64_t TensorizerFile::file_size() const { return state_->file->bytes().size(); }
+const MappedFile& TensorizerFile::mapping() const { return *state_->file; }
 const std::vector<TensorInfo>& TensorizerFile::tensors() const { return state_->tensors; }
 std::shared_ptr<const void> TensorizerFile::keep_alive() const { return state_; }
 

@@ -29,6 +29,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "loaders/mapped_file.h"
 #include "loaders/tensorizer_crypto.h"
 #include "loaders/tensorizer_format.h"
 #include "loaders/tensorizer_verify.h"
@@ -85,6 +86,8 @@ class TensorizerFile {
   bool has_crypt_info() const;
   bool any_encrypted() const;
   uint64_t file_size() const;
+  // The file's mapping (plain records' views point into it).
+  const MappedFile& mapping() const;
   // In index order.
   const std::vector<TensorInfo>& tensors() const;
   // nullptr when absent. `name` is the raw name (JSON-path names include their 0x1E byte).

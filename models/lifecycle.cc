@@ -228,6 +228,7 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
       ++model->quantized_linears_;
     }
     if (prepared.linears[i]->adopted()) ++model->adopted_linears_;
+    if (prepared.linears[i]->adopted_in_place()) ++model->adopted_in_place_linears_;
     *linear_slots[i] = std::move(prepared.linears[i]);
     if (!linear_records[i].empty()) {
       model->linears_by_record_.emplace_back(linear_records[i], linear_slots[i]->get());
@@ -295,7 +296,8 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> BuildPreparedModel(WeightSource s
                     : "")
             << (model->adopted_linears() > 0
                     ? absl::StrCat(", ", model->adopted_linears(), " of ", model->linear_count(),
-                                   " linears adopted as packed in the file")
+                                   " linears adopted as packed in the file (",
+                                   model->adopted_in_place_linears(), " read where they lie)")
                     : "")
             << (model->embedding_zero_copy() ? ", embedding read in place" : "") << ", arena "
             << model->scratch_bytes() << " bytes, KV pool " << model->kv_pool().bytes()

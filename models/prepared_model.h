@@ -77,6 +77,8 @@ class PreparedModel {
   // Linears whose packed bytes came from the file (written with `kiln tensorize --prepack`)
   // instead of being packed at load.
   int adopted_linears() const { return adopted_linears_; }
+  // Of those, the ones read from the file's mapping rather than from a copy (PackedImage::backing).
+  int adopted_in_place_linears() const { return adopted_in_place_linears_; }
   // Each linear prepared from a single record, under that record's name ("lm_head.weight" for a
   // tied LM head): what `kiln tensorize --prepack` stores as packed images.
   const std::vector<std::pair<std::string, const PackedLinear*>>& linears_by_record() const {
@@ -201,6 +203,7 @@ class PreparedModel {
   int quantized_linears_ = 0;
   int linear_count_ = 0;
   int adopted_linears_ = 0;
+  int adopted_in_place_linears_ = 0;
   int64_t parameter_count_ = 0;
   std::shared_ptr<Backend> backend_;
   WeightSource source_;  // keeps the checkpoint's bytes alive (read in place where zero-copy)

@@ -59,6 +59,8 @@ void FillModelInfo(const ModelSnapshot& snapshot, v1::ModelInfo* info) {
   info->set_quantization(std::string(QuantizationName(model.quantization())));
   info->set_quantized_linears(model.quantized_linears());
   info->set_linears(model.linear_count());
+  info->set_adopted_linears(model.adopted_linears());
+  info->set_adopted_in_place_linears(model.adopted_in_place_linears());
   info->set_parameter_count(model.parameter_count());
   info->set_bytes_in_memory(model.weight_bytes());
   info->set_format(model.provenance().format);

@@ -75,12 +75,17 @@ grpc::Status ModelsService::Tensorize(grpc::ServerContext* context,
       return absl::InvalidArgumentError("model: a model name is required");
     LOG(INFO) << "Tensorize '" << request->model() << "' to " << request->output_path() << " from "
               << Peer(*context);
+    ModelRegistry::TensorizeOptions options;
+    options.output_path = request->output_path();
+    options.dtype = request->dtype();
+    options.overwrite = request->overwrite();
+    options.prepack = request->prepack();
     KILN_ASSIGN_OR_RETURN(ModelRegistry::TensorizeResult result,
-                          registry_->Tensorize(request->model(), request->output_path(),
-                                               request->dtype(), request->overwrite()));
+                          registry_->Tensorize(request->model(), options));
     response->set_path(result.path.string());
     response->set_bytes(result.bytes);
     response->set_tensors(result.tensors);
+    response->set_packed(result.packed);
     response->set_seconds(result.seconds);
     return absl::OkStatus();
   });

@@ -261,20 +261,33 @@ void ModelRegistry::Shutdown(absl::Status reason) {
 }
 
 absl::StatusOr<ModelRegistry::TensorizeResult> ModelRegistry::Tensorize(
-    const std::string& name, const std::string& output_path, const std::string& dtype,
-    bool overwrite) const {
+    const std::string& name, const TensorizeOptions& request) const {
   KILN_ASSIGN_OR_RETURN(ModelSnapshot snapshot, GetReady(name));
   NativeTensorizeOptions options;
-  absl::StatusOr<std::optional<DType>> stored_dtype = ParseComputeDType(dtype);
+  absl::StatusOr<std::optional<DType>> stored_dtype = ParseComputeDType(request.dtype);
   if (!stored_dtype.ok()) return KilnAnnotate(stored_dtype.status(), "dtype");
   options.dtype = *stored_dtype;
-  KILN_ASSIGN_OR_RETURN(fs::path file, roots_.ResolveNewFile(output_path, "output_path"));
+  const PreparedModel& model = *snapshot.model;
+  if (request.prepack) {
+    if (options.dtype.has_value() && *options.dtype != model.compute_dtype()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("dtype: a prepacked file holds the linears as model '", name,
+                       "' has them, in ", DTypeName(model.compute_dtype()),
+                       "; leave dtype empty or load the model as ", DTypeName(*options.dtype)));
+    }
+    // The model's own packed linears (its images point into the model, which the snapshot keeps
+    // alive until the file is written).
+    for (const auto& [record, linear] : model.linears_by_record()) {
+      std::optional<PackedImage> image = linear->Image();
+      if (image.has_value()) options.packed.emplace(record, *std::move(image));
+    }
+  }
+  KILN_ASSIGN_OR_RETURN(fs::path file, roots_.ResolveNewFile(request.output_path, "output_path"));
   std::error_code ec;
-  if (fs::exists(file, ec) && !overwrite) {
+  if (fs::exists(file, ec) && !request.overwrite) {
     return absl::AlreadyExistsError(
         absl::StrCat("output_path: ", file.string(), " exists (set overwrite to replace it)"));
   }
-  const PreparedModel& model = *snapshot.model;
   if (snapshot.side_files != nullptr) options.embedded_files = *snapshot.side_files;
   const Clock::time_point start = Clock::now();
   KILN_ASSIGN_OR_RETURN(NativeTensorizeResult written,
@@ -283,9 +296,11 @@ absl::StatusOr<ModelRegistry::TensorizeResult> ModelRegistry::Tensorize(
   result.path = file;
   result.bytes = written.bytes;
   result.tensors = written.tensors;
+  result.packed = written.packed;
   result.seconds = SecondsSince(start);
   LOG(INFO) << "model '" << name << "' tensorized to " << file.string() << " (" << result.bytes
-            << " bytes, " << result.tensors << " tensors, " << result.seconds << " s)";
+            << " bytes, " << result.tensors << " tensors, " << result.packed << " of them packed, "
+            << result.seconds << " s)";
   return result;
 }
 

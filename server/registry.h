@@ -95,14 +95,23 @@ class ModelRegistry {
   // Writes READY model `name` as a native tensorized file at `output_path` (resolved like model
   // paths; its directory must exist inside a model root). AlreadyExists if the file exists and
   // !overwrite.
+  struct TensorizeOptions {
+    std::string output_path;  // inside a model root
+    std::string dtype;        // "" = as loaded; "f32" or "bf16"
+    bool overwrite = false;
+    // Store the linears as the model's backend packed them: a load that packs the same way adopts
+    // them (docs/design.md, "Prepacked native files").
+    bool prepack = false;
+  };
   struct TensorizeResult {
     std::filesystem::path path;
     uint64_t bytes = 0;
     int tensors = 0;
+    int packed = 0;
     double seconds = 0;
   };
-  absl::StatusOr<TensorizeResult> Tensorize(const std::string& name, const std::string& output_path,
-                                            const std::string& dtype, bool overwrite) const;
+  absl::StatusOr<TensorizeResult> Tensorize(const std::string& name,
+                                            const TensorizeOptions& request) const;
 
   // Refuses further loads and stops every engine: in-flight requests end CANCELLED, or with
   // `reason` as their error when it is not OK.

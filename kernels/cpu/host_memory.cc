@@ -7,6 +7,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <new>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 
@@ -66,6 +68,21 @@ HostBytes CopyToHost(const std::byte* data, size_t bytes, int threads) {
     std::memcpy(copy.get() + at, data + at, std::min(kHugePage, bytes - at));
   }
   return copy;
+}
+
+bool UsableWhereTheyLie(const PackedImage& image) {
+  if (image.backing == nullptr || !image.in_huge_pages) return false;
+  for (const PackedImage::Part& part : image.parts) {
+    if (reinterpret_cast<uintptr_t>(part.data) % 64 != 0) return false;
+  }
+  return true;
+}
+
+WeightBytes AdoptPart(const PackedImage& image, const PackedImage::Part& part, int threads) {
+  if (UsableWhereTheyLie(image)) return WeightBytes(part.data, image.backing);
+  HostBytes copy = CopyToHost(part.data, part.bytes, threads);
+  if (copy == nullptr) throw std::bad_alloc();
+  return WeightBytes(std::move(copy));
 }
 
 std::shared_ptr<MemoryResource> HostMemory() {

@@ -3,8 +3,11 @@
 
 #include <cstddef>
 #include <memory>
+#include <new>
+#include <utility>
 
 #include "kernels/buffer.h"
+#include "kernels/packed_image.h"
 
 namespace kiln::cpu {
 
@@ -21,10 +24,37 @@ struct HostFree {
 using HostBytes = std::unique_ptr<std::byte, HostFree>;
 
 // A copy of [data, data + bytes) in memory from AllocateHost, copied on up to `threads` OpenMP
-// threads; null when out of memory. Adopted packed images are copied rather than read in place:
-// the kernels stream weights from 2 MiB pages markedly faster than from a mapped file's 4 KiB
-// page-cache pages (docs/design.md, "Prepacked native files").
+// threads; null when out of memory.
 HostBytes CopyToHost(const std::byte* data, size_t bytes, int threads);
+
+// A linear's packed weight bytes: memory of its own, or a packed image's bytes used where they lie
+// and kept alive by the image's backing. Not copyable.
+class WeightBytes {
+ public:
+  WeightBytes() = default;
+  explicit WeightBytes(HostBytes owned) : data_(owned.get()), owned_(std::move(owned)) {}
+  WeightBytes(const std::byte* data, std::shared_ptr<const void> backing)
+      : data_(data), backing_(std::move(backing)) {}
+
+  const std::byte* data() const { return data_; }
+  // Null unless the bytes are this object's own.
+  std::byte* mutable_data() { return owned_.get(); }
+  bool in_place() const { return backing_ != nullptr; }
+
+ private:
+  const std::byte* data_ = nullptr;
+  HostBytes owned_;
+  std::shared_ptr<const void> backing_;
+};
+
+// Whether a packed image's bytes can be used where they lie: kept alive by its backing, mapped in
+// 2 MiB pages (streaming them from a mapped file's 4 KiB page-cache pages is markedly slower:
+// docs/design.md, "Prepacked native files"), every part aligned for the kernels' 64-byte loads.
+bool UsableWhereTheyLie(const PackedImage& image);
+
+// `part` of `image` for a linear to keep: where it lies when UsableWhereTheyLie(image), else a
+// copy made on up to `threads` threads. Throws std::bad_alloc.
+WeightBytes AdoptPart(const PackedImage& image, const PackedImage::Part& part, int threads);
 
 // The MemoryResource behind the CPU backend's DeviceBuffers.
 std::shared_ptr<MemoryResource> HostMemory();

@@ -21,15 +21,14 @@
 #include <utility>
 #include <vector>
 
-#include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/string_view.h"
-#include "absl/synchronization/mutex.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
 #include "kernels/cpu/host_memory.h"
 #include "kernels/cpu/linear_dispatch.h"
 #include "kernels/cpu/onednn_images.h"
+#include "kernels/cpu/onednn_primitives.h"
 #include "kernels/cpu/quantized_linear.h"
 #include "kernels/cpu/small_m_linear.h"
 
@@ -37,6 +36,16 @@ namespace kiln::cpu {
 namespace {
 
 using dnnl::memory;
+using onednn::AllocAligned;
+using onednn::ConvertBlock;
+using onednn::F32BytesToBF16;
+using onednn::PrimEntry;
+using onednn::PrimitiveCache;
+using onednn::PrimKey;
+using onednn::ThisThreadState;
+using onednn::ThreadState;
+using onednn::ThreadStream;
+using onednn::ToDnnl;
 using Tag = memory::format_tag;
 using Dt = memory::data_type;
 
@@ -47,191 +56,6 @@ using Dt = memory::data_type;
 constexpr int64_t kRepresentativeM = 1;
 // Larger M run as chunks of this many rows; bounds the primitives cached per shape.
 constexpr int64_t kMaxPrimitiveM = 256;
-// Up to this M, bf16 prefers the AVX-512 brgemm over the AMX one (see PrimitiveCache::Create).
-constexpr int64_t kPreferAvx512MaxM = 4;
-
-// ---- Aligned buffers -------------------------------------------------------------------------
-
-// Throws std::bad_alloc (packing and forward turn it into ResourceExhausted).
-HostBytes AllocAligned(size_t bytes) {
-  void* p = AllocateHost(bytes);
-  if (p == nullptr) throw std::bad_alloc();
-  return HostBytes(static_cast<std::byte*>(p));
-}
-
-// A per-thread buffer that only grows.
-class GrowBuffer {
- public:
-  std::byte* Get(size_t bytes) {
-    if (bytes > capacity_ || !data_) {
-      data_ = AllocAligned(bytes);
-      capacity_ = bytes;
-    }
-    return data_.get();
-  }
-
- private:
-  HostBytes data_;
-  size_t capacity_ = 0;
-};
-
-// Per-thread state: a oneDNN scratchpad must not be shared by threads running at once, and the
-// bf16 copy of the activations is per call. The stream is kept per thread for its engine.
-struct ThreadState {
-  GrowBuffer scratchpad;
-  GrowBuffer src_bf16;
-  dnnl::engine engine;  // declared before stream: the stream is destroyed first
-  dnnl::stream stream;
-};
-thread_local ThreadState tls_state;
-
-dnnl::stream& ThreadStream(const dnnl::engine& engine) {
-  ThreadState& ts = tls_state;
-  if (!ts.stream || ts.engine.get(true) != engine.get()) {
-    ts.stream = dnnl::stream();
-    ts.engine = engine;
-    ts.stream = dnnl::stream(engine);
-  }
-  return ts.stream;
-}
-
-// ---- dtype conversion into the compute dtype -------------------------------------------------
-
-// Same rounding as F32ToBF16 (nearest even, NaN stays NaN), branch-free so it vectorizes.
-// `src` may be unaligned.
-void F32BytesToBF16(const std::byte* src, int64_t n, uint16_t* dst) {
-#pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    uint32_t bits;
-    std::memcpy(&bits, src + 4 * i, 4);
-    const uint32_t rounded = (bits + 0x7fffu + ((bits >> 16) & 1u)) >> 16;
-    const uint32_t nan = (bits >> 16) | 0x40u;
-    dst[i] = static_cast<uint16_t>((bits & 0x7fffffffu) > 0x7f800000u ? nan : rounded);
-  }
-}
-
-// Writes `rows` rows of `block` (cols values each) as compute-dtype values at `dst`.
-void ConvertBlock(const WeightView& block, DType compute, std::byte* dst) {
-  const int64_t cols = block.cols;
-  const size_t src_row_bytes = static_cast<size_t>(cols) * DTypeSize(block.dtype);
-  const size_t dst_row_bytes = static_cast<size_t>(cols) * DTypeSize(compute);
-#pragma omp parallel for schedule(static)
-  for (int64_t r = 0; r < block.rows; ++r) {
-    const std::byte* s = block.data + static_cast<size_t>(r) * src_row_bytes;
-    std::byte* d = dst + static_cast<size_t>(r) * dst_row_bytes;
-    if (block.dtype == compute) {
-      std::memcpy(d, s, src_row_bytes);
-    } else if (compute == DType::kF32) {
-      ConvertToF32(block.dtype, s, cols, reinterpret_cast<float*>(d));
-    } else if (block.dtype == DType::kF32) {
-      F32BytesToBF16(s, cols, reinterpret_cast<uint16_t*>(d));
-    } else {  // f16 -> bf16, through f32 (exact), then one rounding
-      for (int64_t c = 0; c < cols; ++c) {
-        uint16_t bits;
-        std::memcpy(&bits, s + 2 * c, 2);
-        const uint16_t out = F32ToBF16(F16ToF32(bits));
-        std::memcpy(d + 2 * c, &out, 2);
-      }
-    }
-  }
-}
-
-Dt ToDnnl(DType dtype) { return dtype == DType::kBF16 ? Dt::bf16 : Dt::f32; }
-
-// ---- Primitive cache, shared by all layers of a backend --------------------------------------
-
-struct PrimKey {
-  int64_t k = 0;
-  int64_t n = 0;
-  int64_t m = 0;
-  DType dtype = DType::kF32;
-  bool bias = false;
-
-  friend bool operator==(const PrimKey& a, const PrimKey& b) {
-    return a.k == b.k && a.n == b.n && a.m == b.m && a.dtype == b.dtype && a.bias == b.bias;
-  }
-  template <typename H>
-  friend H AbslHashValue(H h, const PrimKey& key) {
-    return H::combine(std::move(h), key.k, key.n, key.m, key.dtype, key.bias);
-  }
-};
-
-struct PrimEntry {
-  int64_t m = 0;
-  dnnl::matmul primitive;
-  memory::desc src_md;
-  memory::desc dst_md;
-  memory::desc weights_md;  // the layout this primitive wants
-  memory::desc scratch_md;
-  size_t scratch_bytes = 0;
-  std::string impl;
-};
-
-class PrimitiveCache {
- public:
-  explicit PrimitiveCache(dnnl::engine engine) : engine_(std::move(engine)) {}
-
-  // Throws dnnl::error when oneDNN has no implementation.
-  std::shared_ptr<const PrimEntry> Get(const PrimKey& key) {
-    {
-      absl::ReaderMutexLock lock(&mu_);
-      auto it = map_.find(key);
-      if (it != map_.end()) return it->second;
-    }
-    std::shared_ptr<const PrimEntry> created = Create(key);  // slow (JIT); outside the lock
-    absl::MutexLock lock(&mu_);
-    return map_.emplace(key, std::move(created)).first->second;
-  }
-
- private:
-  static bool IsAmx(const std::string& impl) { return impl.find("amx") != std::string::npos; }
-
-  static dnnl::matmul::desc MakeDesc(const PrimKey& key) {
-    const Dt dt = ToDnnl(key.dtype);
-    const memory::desc src_md({key.m, key.k}, dt, Tag::ab);
-    const memory::desc weights_md({key.k, key.n}, dt, Tag::any);
-    const memory::desc dst_md({key.m, key.n}, Dt::f32, Tag::ab);
-    if (!key.bias) return dnnl::matmul::desc(src_md, weights_md, dst_md);
-    const memory::desc bias_md({1, key.n}, Dt::f32, Tag::ab);
-    return dnnl::matmul::desc(src_md, weights_md, bias_md, dst_md);
-  }
-
-  std::shared_ptr<const PrimEntry> Create(const PrimKey& key) const {
-    // The op desc must outlive the primitive_desc iteration (oneDNN 2.6 keeps a pointer to it).
-    const dnnl::matmul::desc desc = MakeDesc(key);
-    dnnl::primitive_attr attr;
-    attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
-    dnnl::matmul::primitive_desc pd(desc, attr, engine_);
-    // oneDNN's first choice for bf16 here is the AMX brgemm even at M = 1, but for M ≤ 4 the
-    // AVX-512 brgemm streams the weights faster (measured on this 2-core VM, weights not in
-    // cache, K=896 N=9728: 17 vs 13 GB/s at M=1; K=4864 N=896: 16.5 vs 12.7; lm_head
-    // N=151936: 15 vs 12). From M = 8 on AMX wins by 1.5-5x. Take the AVX-512 one for small M
-    // when it wants the same weight layout.
-    if (key.m <= kPreferAvx512MaxM && IsAmx(pd.impl_info_str())) {
-      dnnl::matmul::primitive_desc alt(desc, attr, engine_);
-      while (alt.next_impl()) {
-        const std::string impl = alt.impl_info_str();
-        if (impl.rfind("brg:", 0) != 0 || IsAmx(impl)) continue;
-        if (alt.weights_desc() == pd.weights_desc()) pd = alt;
-        break;
-      }
-    }
-    auto entry = std::make_shared<PrimEntry>();
-    entry->m = key.m;
-    entry->primitive = dnnl::matmul(pd);
-    entry->src_md = pd.src_desc();
-    entry->dst_md = pd.dst_desc();
-    entry->weights_md = pd.weights_desc();
-    entry->scratch_md = pd.scratchpad_desc();
-    entry->scratch_bytes = entry->scratch_md.get_size();
-    entry->impl = pd.impl_info_str();
-    return entry;
-  }
-
-  const dnnl::engine engine_;
-  absl::Mutex mu_;
-  absl::flat_hash_map<PrimKey, std::shared_ptr<const PrimEntry>> map_;
-};
 
 // ---- The packed layer ------------------------------------------------------------------------
 
@@ -258,8 +82,8 @@ class OneDnnLinear final : public PackedLinear {
   // std::bad_alloc.
   void Pack(const LinearPackSpec& spec) {
     const size_t packed_size = packed_md_.get_size();
-    packed_ = AllocAligned(packed_size);
-    weights_mem_ = memory(packed_md_, engine_, packed_.get());
+    weights_ = WeightBytes(AllocAligned(packed_size));
+    weights_mem_ = memory(packed_md_, engine_, weights_.mutable_data());
     dnnl::stream& stream = ThreadStream(engine_);
     const bool in_place = ReorderBlocksWhereTheyLie(spec, stream);
     if (!in_place) ReorderThroughPlainCopy(spec, stream);
@@ -290,17 +114,17 @@ class OneDnnLinear final : public PackedLinear {
     return "";
   }
 
-  // Takes the packed bytes of an image AdoptRefusal accepted: copied into memory of its own (no
-  // reorder; see CopyToHost for why not in place). Throws std::bad_alloc.
+  // Takes the packed bytes of an image AdoptRefusal accepted, nothing reordered: where they lie
+  // or copied (AdoptPart). Throws std::bad_alloc.
   void Adopt(const LinearPackSpec& spec) {
-    const PackedImage::Part& part = *spec.prepacked->Find("weights");
-    packed_ = CopyToHost(part.data, part.bytes, /*threads=*/1);
-    if (packed_ == nullptr) throw std::bad_alloc();
-    weights_mem_ = memory(packed_md_, engine_, packed_.get());
+    weights_ = AdoptPart(*spec.prepacked, *spec.prepacked->Find("weights"), /*threads=*/1);
+    // oneDNN only reads a matmul's weights.
+    weights_mem_ = memory(packed_md_, engine_, const_cast<std::byte*>(weights_.data()));
     adopted_ = true;
     SetBias(spec);
     DescribePanels();
-    VLOG(1) << "adopted " << name_ << " [N=" << n_ << ", K=" << k_ << "] " << DTypeName(dtype_);
+    VLOG(1) << "adopted " << name_ << " [N=" << n_ << ", K=" << k_ << "] " << DTypeName(dtype_)
+            << (weights_.in_place() ? " where it lies" : " as a copy");
   }
 
   // The layout name of this linear's packed bytes where it is the panel layout (the one the
@@ -316,16 +140,17 @@ class OneDnnLinear final : public PackedLinear {
 
   std::optional<PackedImage> Image() const override {
     const std::string layout = ImageLayout();
-    if (layout.empty() || packed_ == nullptr) return std::nullopt;
+    if (layout.empty() || weights_.data() == nullptr) return std::nullopt;
     PackedImage image;
     image.layout = layout;
     image.dtype = dtype_;
     image.rows = n_;
     image.cols = k_;
-    image.parts.push_back({"weights", packed_.get(), packed_md_.get_size()});
+    image.parts.push_back({"weights", weights_.data(), packed_md_.get_size()});
     return image;
   }
   bool adopted() const override { return adopted_; }
+  bool adopted_in_place() const override { return weights_.in_place(); }
 
   void SetBias(const LinearPackSpec& spec) {
     packed_bytes_ = packed_md_.get_size();
@@ -343,7 +168,7 @@ class OneDnnLinear final : public PackedLinear {
     if (!InPanelLayout() || !SmallMKernelSupported(dtype_)) return;
     const dnnl_memory_desc_t& md = packed_md_.data;
     PanelWeights panel;
-    panel.data = packed_.get();
+    panel.data = weights_.data();
     panel.dtype = dtype_;
     panel.k = k_;
     panel.k_padded = md.padded_dims[0];
@@ -376,7 +201,7 @@ class OneDnnLinear final : public PackedLinear {
                dnnl::stream& stream) {
     // The reorder only reads its source.
     memory src_mem(src_md, engine_, const_cast<std::byte*>(src));
-    memory dst_mem(dst_md, engine_, packed_.get());
+    memory dst_mem(dst_md, engine_, weights_.mutable_data());
     dnnl::reorder(src_mem, dst_mem).execute(stream, src_mem, dst_mem);
     stream.wait();
   }
@@ -398,7 +223,7 @@ class OneDnnLinear final : public PackedLinear {
     if (spec.row_blocks.size() == 1) {
       const memory::desc plain_md = PlainDesc(n_);
       if (plain_md == packed_md_) {
-        std::memcpy(packed_.get(), spec.row_blocks[0].data, spec.row_blocks[0].bytes());
+        std::memcpy(weights_.mutable_data(), spec.row_blocks[0].data, spec.row_blocks[0].bytes());
       } else {
         Reorder(plain_md, spec.row_blocks[0].data, packed_md_, stream);
       }
@@ -432,7 +257,7 @@ class OneDnnLinear final : public PackedLinear {
     }
     const memory::desc plain_md = PlainDesc(n_);
     if (plain_md == packed_md_) {
-      std::memcpy(packed_.get(), plain.get(), offset);
+      std::memcpy(weights_.mutable_data(), plain.get(), offset);
     } else {
       Reorder(plain_md, plain.get(), packed_md_, stream);
     }
@@ -508,7 +333,7 @@ class OneDnnLinear final : public PackedLinear {
   }
 
   void Run(const PrimEntry& entry, const float* x, float* y, dnnl::stream& stream) const {
-    ThreadState& ts = tls_state;
+    ThreadState& ts = ThisThreadState();
     void* src = const_cast<float*>(x);
     if (dtype_ == DType::kBF16) {
       const int64_t count = entry.m * k_;
@@ -542,7 +367,7 @@ class OneDnnLinear final : public PackedLinear {
   const dnnl::engine engine_;
   const std::shared_ptr<PrimitiveCache> cache_;
   memory::desc packed_md_;
-  HostBytes packed_;  // the packed (or adopted) weight
+  WeightBytes weights_;  // packed here, or adopted
   bool adopted_ = false;
   memory weights_mem_;
   HostBytes bias_;

@@ -445,18 +445,15 @@ class QuantizedLinear final : public PackedLinear {
     return "";
   }
 
-  // Takes an accepted image's bytes, copied into memory of its own on up to `threads` threads
-  // (see CopyToHost for why not in place). Throws std::bad_alloc.
+  // Takes an accepted image's bytes, where they lie or copied on up to `threads` threads
+  // (AdoptPart). Throws std::bad_alloc.
   void Adopt(const LinearPackSpec& spec, int threads) {
-    auto place = [&](const PackedImage::Part& part, HostBytes& owned) -> const std::byte* {
-      owned = CopyToHost(part.data, part.bytes, threads);
-      if (owned == nullptr) throw std::bad_alloc();
-      return owned.get();
-    };
     const PackedImage& image = *spec.prepacked;
-    view_.data = reinterpret_cast<const uint8_t*>(place(*image.Find("weights"), data_));
+    adopted_data_ = AdoptPart(image, *image.Find("weights"), threads);
+    view_.data = reinterpret_cast<const uint8_t*>(adopted_data_.data());
     if (view_.kind == Quantization::kInt8) {
-      view_.scales = reinterpret_cast<const float*>(place(*image.Find("scales"), scales_));
+      adopted_scales_ = AdoptPart(image, *image.Find("scales"), threads);
+      view_.scales = reinterpret_cast<const float*>(adopted_scales_.data());
     }
     SetBias(spec);
     adopted_ = true;
@@ -478,6 +475,7 @@ class QuantizedLinear final : public PackedLinear {
     return image;
   }
   bool adopted() const override { return adopted_; }
+  bool adopted_in_place() const override { return adopted_data_.in_place(); }
 
   // Points the view at an accepted image's bytes where they lie, unowned, for Dequantize only
   // (the kernels' aligned loads need Adopt's copies).
@@ -560,8 +558,10 @@ class QuantizedLinear final : public PackedLinear {
   const std::string name_;
   const DType compute_dtype_;
   PackedView view_;
-  HostBytes data_;    // the packed (or adopted) weights
-  HostBytes scales_;  // int8's per-column scales
+  HostBytes data_;            // the packed weights
+  HostBytes scales_;          // int8's per-column scales
+  WeightBytes adopted_data_;  // or the adopted ones
+  WeightBytes adopted_scales_;
   HostBytes bias_;
   size_t packed_bytes_ = 0;
   bool adopted_ = false;

@@ -127,6 +127,83 @@ TEST_P(PackedImageTest, AnAdoptedImageGivesTheSameOutputsBitForBit) {
   }
 }
 
+// An image whose bytes outlive the load in 2 MiB pages (PackedImage::backing, in_huge_pages: a
+// file mapped by the native loader) is read where it lies; without both, or at an address the
+// kernels cannot load from, it is copied. Either way the outputs are the packed linear's.
+TEST_P(PackedImageTest, AnImageInHugePagesIsReadWhereItLiesAndOthersAreCopied) {
+  const Case c = GetParam();
+  std::unique_ptr<Backend> backend = Cpu();
+  const Weights w(200, 100, 5);
+  absl::StatusOr<std::unique_ptr<PackedLinear>> packed =
+      backend->PackLinear(w.Spec(c.compute, c.quantization));
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  const std::optional<PackedImage> image = (*packed)->Image();
+  if (!image.has_value()) GTEST_SKIP() << "no image of this layout on this CPU";
+
+  // The image's bytes copied into storage of their own, which the backing keeps alive.
+  auto storage = std::make_shared<std::vector<std::vector<std::byte>>>();
+  PackedImage lying = *image;
+  for (PackedImage::Part& part : lying.parts) {
+    std::vector<std::byte>& bytes = storage->emplace_back(part.bytes + 64);
+    std::byte* at = bytes.data() + (64 - reinterpret_cast<uintptr_t>(bytes.data()) % 64) % 64;
+    std::memcpy(at, part.data, part.bytes);
+    part.data = at;
+  }
+  const Misaligned misaligned(lying);
+  struct Source {
+    const char* what;
+    PackedImage image;
+    bool in_place;
+  };
+  std::vector<Source> sources = {{"in huge pages", lying, true},
+                                 {"not in huge pages", lying, false},
+                                 {"without backing", lying, false},
+                                 {"misaligned", misaligned.image, false}};
+  sources[0].image.backing = storage;
+  sources[0].image.in_huge_pages = true;
+  sources[1].image.backing = storage;
+  sources[1].image.in_huge_pages = false;
+  sources[2].image.in_huge_pages = true;
+  sources[3].image.backing = storage;
+  sources[3].image.in_huge_pages = true;
+  for (const Source& source : sources) {
+    SCOPED_TRACE(source.what);
+    LinearPackSpec spec = w.Spec(c.compute, c.quantization);
+    spec.row_blocks.clear();
+    spec.prepacked = &source.image;
+    absl::StatusOr<std::unique_ptr<PackedLinear>> adopted = backend->PackLinear(spec);
+    ASSERT_TRUE(adopted.ok()) << adopted.status();
+    EXPECT_TRUE((*adopted)->adopted());
+    EXPECT_EQ((*adopted)->adopted_in_place(), source.in_place);
+    const std::optional<PackedImage> kept = (*adopted)->Image();
+    ASSERT_TRUE(kept.has_value());
+    ASSERT_EQ(kept->parts.size(), source.image.parts.size());
+    for (size_t i = 0; i < kept->parts.size(); ++i) {
+      EXPECT_EQ(kept->parts[i].data == source.image.parts[i].data, source.in_place)
+          << kept->parts[i].name;
+    }
+    for (const int64_t m : {1, 8, 17}) {
+      const std::vector<float> x = Input(m, 100);
+      EXPECT_EQ(Forward(**adopted, x, m), Forward(**packed, x, m)) << "m=" << m;
+    }
+  }
+  // A linear read in place keeps its bytes alive: they outlive the caller's handle.
+  LinearPackSpec spec = w.Spec(c.compute, c.quantization);
+  spec.row_blocks.clear();
+  spec.prepacked = &sources[0].image;
+  absl::StatusOr<std::unique_ptr<PackedLinear>> adopted = backend->PackLinear(spec);
+  ASSERT_TRUE(adopted.ok()) << adopted.status();
+  sources.clear();
+  lying.backing.reset();
+  const std::weak_ptr<std::vector<std::vector<std::byte>>> watch = storage;
+  storage.reset();
+  EXPECT_FALSE(watch.expired());
+  const std::vector<float> x = Input(3, 100);
+  EXPECT_EQ(Forward(**adopted, x, 3), Forward(**packed, x, 3));
+  adopted->reset();
+  EXPECT_TRUE(watch.expired());
+}
+
 TEST_P(PackedImageTest, AnImageAskedForAsAnotherDTypeIsUnpackedAndPackedAsUsual) {
   const Case c = GetParam();
   std::unique_ptr<Backend> backend = Cpu();

@@ -1,6 +1,8 @@
 #include "loaders/mapped_file.h"
 
+#include <cstdint>
 #include <cstring>
+#include <span>
 #include <string>
 
 #include "gtest/gtest.h"
@@ -30,6 +32,34 @@ TEST(MappedFileTest, MappingOutlivesTheDirectoryEntry) {
   ASSERT_TRUE(file.ok()) << file.status();
   std::filesystem::remove(dir / "f.bin");
   EXPECT_EQ(std::memcmp((*file)->bytes().data(), "abcdef", 6), 0);
+}
+
+// A file of 2 MiB or more lies at a 2 MiB-aligned address, so that the kernel can map it in 2 MiB
+// pages where the page cache holds large folios; Populate makes it resident.
+TEST(MappedFileTest, LargeFileIsMappedAtA2MiBBoundaryAndPopulates) {
+  ScratchDir dir;
+  std::string content(size_t{5} << 20, '\0');
+  for (size_t i = 0; i < content.size(); ++i) content[i] = static_cast<char>(i * 131 % 251);
+  WriteBytes(dir / "big.bin", content);
+  absl::StatusOr<std::shared_ptr<MappedFile>> file = MappedFile::Open(dir / "big.bin");
+  ASSERT_TRUE(file.ok()) << file.status();
+  const std::span<const std::byte> bytes = (*file)->bytes();
+  ASSERT_EQ(bytes.size(), content.size());
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(bytes.data()) % (uintptr_t{2} << 20), 0u);
+  (*file)->Populate(bytes.subspan(3, bytes.size() - 7));
+  const double share = (*file)->ResidentShareInHugePages();
+  EXPECT_GE(share, 0.0);
+  EXPECT_LE(share, 1.0);
+  EXPECT_EQ(std::memcmp(bytes.data(), content.data(), content.size()), 0);
+}
+
+TEST(MappedFileTest, SmallFileHasNoHugePages) {
+  ScratchDir dir;
+  WriteBytes(dir / "f.bin", std::string(10000, 'x'));
+  absl::StatusOr<std::shared_ptr<MappedFile>> file = MappedFile::Open(dir / "f.bin");
+  ASSERT_TRUE(file.ok()) << file.status();
+  (*file)->Populate((*file)->bytes());
+  EXPECT_EQ((*file)->ResidentShareInHugePages(), 0.0);
 }
 
 TEST(MappedFileTest, EmptyFileIsAnEmptySpan) {

@@ -111,6 +111,33 @@ TEST_P(PrepackedLoadTest, LoadAdoptsThePackedLinearsAndGivesTheSameLogits) {
   EXPECT_EQ(model.parameter_count(), (*original)->parameter_count());
   EXPECT_EQ(Logits(model), Logits(**original));
   EXPECT_EQ(model.provenance().load_mode, LoadMode::kMmapZeroCopy);
+  // A file's images are all read where they lie or all copied, as its pages are mapped.
+  EXPECT_TRUE(model.adopted_in_place_linears() == 0 ||
+              model.adopted_in_place_linears() == model.adopted_linears());
+}
+
+// The loader hands each image the file's mapping as its backing, so that a backend may read it in
+// place; a file under 2 MiB is mapped in 4 KiB pages, so its images are not marked in huge pages
+// and the backend copies them.
+TEST_P(PrepackedLoadTest, ImagesCarryTheMappingAndWhetherItIsInHugePages) {
+  ScratchDir dir;
+  WriteSmallCheckpoint(dir / "ckpt");
+  ASSERT_TRUE(WritePrepacked(dir / "ckpt", dir / "m.tensors", GetParam()).ok());
+  ASSERT_LT(fs::file_size(dir / "m.tensors"), uintmax_t{2} << 20);
+  absl::StatusOr<OpenedCheckpoint> opened = OpenCheckpoint(dir / "m.tensors");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  int images = 0;
+  for (const TensorRecord& record : opened->source.records()) {
+    if (record.packed == nullptr) continue;
+    ++images;
+    EXPECT_NE(record.packed->backing, nullptr) << record.name;
+    EXPECT_FALSE(record.packed->in_huge_pages) << record.name;
+  }
+  EXPECT_EQ(images, 2 * 4 + 1 + 3);
+  absl::StatusOr<std::unique_ptr<PreparedModel>> model = Load(dir / "m.tensors", {});
+  ASSERT_TRUE(model.ok()) << model.status();
+  EXPECT_EQ((*model)->adopted_linears(), images);
+  EXPECT_EQ((*model)->adopted_in_place_linears(), 0);
 }
 
 TEST_P(PrepackedLoadTest, AnotherComputeDTypeUnpacksAndPacksAsUsual) {

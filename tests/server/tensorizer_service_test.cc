@@ -59,12 +59,13 @@ v1::LoadModelRequest EncryptedRequest(const std::string& name) {
 
 grpc::Status Tensorize(v1::Models::Stub& stub, const std::string& model, const std::string& out,
                        v1::TensorizeResponse* response, bool overwrite = false,
-                       const std::string& dtype = "") {
+                       const std::string& dtype = "", bool prepack = false) {
   v1::TensorizeRequest request;
   request.set_model(model);
   request.set_output_path(out);
   request.set_overwrite(overwrite);
   request.set_dtype(dtype);
+  request.set_prepack(prepack);
   return stub.Tensorize(Context().get(), request, response);
 }
 
@@ -195,6 +196,62 @@ TEST(TensorizerServiceTest, TensorizeWritesAFileThatLoadsOnItsOwn) {
   EXPECT_CODE(Tensorize(server->models(), "missing", out.string(), &written), NOT_FOUND, "missing");
   EXPECT_CODE(Tensorize(server->models(), "text", out.string(), &written, true, "int8"),
               INVALID_ARGUMENT, "dtype");
+}
+
+// With prepack, the file holds the linears as the server packed them: a load adopts every one of
+// them, packs nothing, and generates the same text; GetModel says so.
+TEST(TensorizerServiceTest, TensorizeWithPrepackWritesTheServersPackedLinears) {
+  auto server = TestServer::Start(TestServerOptions());
+  ASSERT_NE(server, nullptr);
+  v1::LoadModelRequest text;
+  text.set_name("text");
+  text.set_path(Models().text.string());
+  v1::ModelInfo info;
+  ASSERT_TRUE(Load(server->models(), text, &info).ok());
+  EXPECT_EQ(info.adopted_linears(), 0);
+
+  const fs::path out_dir = Models().root / "prepacked-out";
+  fs::create_directories(out_dir);
+  const fs::path out = out_dir / "text.tensors";
+  fs::remove(out);
+  v1::TensorizeResponse written;
+  grpc::Status status = Tensorize(server->models(), "text", out.string(), &written,
+                                  /*overwrite=*/false, /*dtype=*/"", /*prepack=*/true);
+  ASSERT_TRUE(status.ok()) << status.error_message();
+  EXPECT_GT(written.packed(), 0);
+  EXPECT_LE(written.packed(), written.tensors());
+
+  v1::LoadModelRequest prepacked;
+  prepacked.set_name("prepacked");
+  prepacked.set_path(out.string());
+  prepacked.set_format("tensorizer");
+  ASSERT_TRUE(Load(server->models(), prepacked, &info).ok());
+  EXPECT_EQ(info.adopted_linears(), written.packed());
+  EXPECT_TRUE(info.adopted_in_place_linears() == 0 ||
+              info.adopted_in_place_linears() == info.adopted_linears());
+
+  v1::GenerateRequest request;
+  request.set_prompt("hello");
+  request.mutable_stopping()->set_max_tokens(8);
+  request.mutable_stopping()->set_ignore_eos(true);
+  request.set_model("text");
+  StreamResult original = GenerateAll(server->inference(), request);
+  request.set_model("prepacked");
+  StreamResult reloaded = GenerateAll(server->inference(), request);
+  ASSERT_TRUE(original.status.ok()) << original.status.error_message();
+  ASSERT_TRUE(reloaded.status.ok()) << reloaded.status.error_message();
+  EXPECT_EQ(original.tokens, reloaded.tokens);
+  EXPECT_EQ(original.text, reloaded.text);
+
+  // Another dtype than the model's cannot be prepacked from it.
+  const std::string other = info.dtype() == "bf16" ? "f32" : "bf16";
+  EXPECT_CODE(Tensorize(server->models(), "text", out.string(), &written, /*overwrite=*/true, other,
+                        /*prepack=*/true),
+              INVALID_ARGUMENT, "dtype");
+  // A model loaded from a prepacked file holds packed records: write from the original instead.
+  EXPECT_CODE(Tensorize(server->models(), "prepacked", (out_dir / "again.tensors").string(),
+                        &written, /*overwrite=*/true, "", /*prepack=*/true),
+              FAILED_PRECONDITION, "stored packed");
 }
 
 }  // namespace
