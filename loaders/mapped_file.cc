@@ -82,7 +82,8 @@ absl::StatusOr<const std::byte*> MappedFile::Map(int fd, size_t size,
     return ErrnoError(err, path, "mmap");
   }
   if (aligned > begin) ::munmap(reservation, aligned - begin);
-  const uintptr_t end = aligned + (size + 4095) / 4096 * 4096;
+  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t end = aligned + (size + page - 1) / page * page;
   if (begin + reserved > end) ::munmap(reinterpret_cast<void*>(end), begin + reserved - end);
   ::madvise(mapped, size, MADV_HUGEPAGE);  // advisory: without it, 4 KiB pages
   return static_cast<const std::byte*>(mapped);

@@ -281,6 +281,11 @@ absl::StatusOr<ModelRegistry::TensorizeResult> ModelRegistry::Tensorize(
       std::optional<PackedImage> image = linear->Image();
       if (image.has_value()) options.packed.emplace(record, *std::move(image));
     }
+    if (options.packed.empty()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "prepack: model '", name, "' on backend ", model.backend_name(),
+          " has no linear whose packed layout a file can hold; write it without prepack"));
+    }
   }
   KILN_ASSIGN_OR_RETURN(fs::path file, roots_.ResolveNewFile(request.output_path, "output_path"));
   std::error_code ec;
