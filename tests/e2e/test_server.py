@@ -567,9 +567,18 @@ class Test:
         remote = os.path.join(self.tmp, "models", "native-rpc.tensors")
         out, _ = self.kiln("models", "tensorize", "tiny", remote, self.server_flag(), token)
         expect(os.path.exists(remote), f"`models tensorize`: {out!r}")
-        for name, path in (("native-local", local), ("native-rpc", remote)):
+        # --prepack: the linears as the server packed them, adopted by the load.
+        prepacked = os.path.join(self.tmp, "models", "native-rpc-prepacked.tensors")
+        out, _ = self.kiln("models", "tensorize", "tiny", prepacked, "--prepack",
+                           self.server_flag(), token)
+        expect("packed)" in out, f"`models tensorize --prepack`: {out!r}")
+        for name, path in (("native-local", local), ("native-rpc", remote),
+                           ("native-rpc-prepacked", prepacked)):
             out, _ = self.kiln("models", "load", name, path, self.server_flag(), token)
             expect("READY" in out and "tensorizer" in out, f"`models load {path}`: {out!r}")
+            if name == "native-rpc-prepacked":
+                out, _ = self.kiln("models", "get", name, self.server_flag(), token)
+                expect("linears adopted from the file" in out, f"`models get {name}`: {out!r}")
             try:
                 if self.greedy_ids is not None:
                     ids = [i for r in self.generate(self.request(model=name, max_tokens=8))
