@@ -6,12 +6,12 @@
 //   open   the loader stage alone (map, validate, verify hashes, decrypt): a WeightSource
 //   load   open → PreparedModel (Bind, Restore, PostLoad packing included)
 // as seconds, GB/s of file bytes, and the ratio to reading the same file bytes once with read(2).
-// Two tables: page cache warm (the files stay cached as a first kiln load left them; the reads and
-// loads are CPU and memory bound) and cold (the files are evicted from the page cache before every read and every load,
-// as on a first start: they come from storage). Goals: safetensors and native loads ≤ 1.5×
-// reading the bytes; prepacked native loads ≤ 1.2×; hash-verified Tensorizer ≤ 2×, and at most 1.2
-// × max(hashed bytes ÷ (cores × SHA-256 speed), largest tensor ÷ SHA-256 speed) more than the
-// unverified load, with the SHA-256 speed measured here, between the loads.
+// Two tables: page cache warm (the files stay cached as a first kiln load left them; the reads
+// and loads are CPU and memory bound) and cold (the files are evicted from the page cache before
+// every read and every load, as on a first start: they come from storage). Goals: safetensors and
+// native loads ≤ 1.5× reading the bytes; prepacked native loads ≤ 1.2×; hash-verified Tensorizer ≤
+// 2×, and at most 1.2 × max(hashed bytes ÷ (cores × SHA-256 speed), largest tensor ÷ SHA-256 speed)
+// more than the unverified load, with the SHA-256 speed measured here, between the loads.
 #include <fcntl.h>
 #include <unistd.h>
 

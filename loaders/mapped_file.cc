@@ -18,6 +18,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "base/populate.h"
 #include "base/status_macros.h"
 
 namespace kiln {
@@ -90,15 +91,7 @@ absl::StatusOr<const std::byte*> MappedFile::Map(int fd, size_t size,
 }
 
 void MappedFile::Populate(std::span<const std::byte> range) const {
-#ifdef MADV_POPULATE_READ
-  if (range.empty()) return;
-  const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-  const uintptr_t first = reinterpret_cast<uintptr_t>(range.data()) / page * page;
-  const uintptr_t end = reinterpret_cast<uintptr_t>(range.data() + range.size());
-  ::madvise(reinterpret_cast<void*>(first), end - first, MADV_POPULATE_READ);
-#else
-  (void)range;
-#endif
+  PopulateForRead(range.data(), range.size());
 }
 
 double MappedFile::ResidentShareInHugePages() const {

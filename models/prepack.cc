@@ -8,6 +8,17 @@
 
 namespace kiln {
 
+std::map<std::string, PackedImage> PackedImagesOf(const PreparedModel& model, int* unpackable) {
+  std::map<std::string, PackedImage> images;
+  for (const auto& [name, linear] : model.linears_by_record()) {
+    if (std::optional<PackedImage> image = linear->Image(); image.has_value()) {
+      images.emplace(name, *std::move(image));
+    }
+  }
+  if (unpackable != nullptr) *unpackable = model.linear_count() - static_cast<int>(images.size());
+  return images;
+}
+
 absl::StatusOr<PrepackedCheckpoint> PrepackCheckpoint(const WeightSource& source,
                                                       const ModelConfig& config,
                                                       std::optional<DType> dtype,
@@ -35,16 +46,7 @@ absl::StatusOr<PrepackedCheckpoint> PrepackCheckpoint(const WeightSource& source
   options.step_capacity = StepCapacity{1, 1, 1};
   KILN_ASSIGN_OR_RETURN(out.model,
                         BuildPreparedModel(std::move(engine), config, std::move(backend), options));
-  for (const auto& [name, linear] : out.model->linears_by_record()) {
-    std::optional<PackedImage> image = linear->Image();
-    if (!image.has_value()) {
-      ++out.unpackable;
-      continue;
-    }
-    out.packed.emplace(name, *std::move(image));
-  }
-  out.unpackable +=
-      out.model->linear_count() - static_cast<int>(out.model->linears_by_record().size());
+  out.packed = PackedImagesOf(*out.model, &out.unpackable);
   LOG(INFO) << "prepacked " << out.packed.size() << " of " << out.model->linear_count()
             << " linears on backend " << out.model->backend_name() << " ("
             << out.model->backend_description() << ")";

@@ -26,6 +26,12 @@ struct PrepackedCheckpoint {
   int unpackable = 0;  // linears prepared from several records or without an image: kept plain
 };
 
+// Each linear of `model` prepared from one record whose packed layout a file can hold, as its
+// image under that record's name (pointing into `model`); the other linears are counted in
+// `unpackable` when given.
+std::map<std::string, PackedImage> PackedImagesOf(const PreparedModel& model,
+                                                  int* unpackable = nullptr);
+
 // Converts `source` to the engine layout (in `dtype` when set), prepares it on `backend` as a load
 // would (options.quantize applies) and takes each linear's packed image under its tensor's name.
 // Fails for a source that is already packed.

@@ -13,6 +13,7 @@
 #include "base/status_macros.h"
 #include "loaders/tensorizer_checkpoint.h"
 #include "models/lifecycle.h"
+#include "models/prepack.h"
 
 namespace kiln {
 namespace {
@@ -277,10 +278,7 @@ absl::StatusOr<ModelRegistry::TensorizeResult> ModelRegistry::Tensorize(
     }
     // The model's own packed linears (its images point into the model, which the snapshot keeps
     // alive until the file is written).
-    for (const auto& [record, linear] : model.linears_by_record()) {
-      std::optional<PackedImage> image = linear->Image();
-      if (image.has_value()) options.packed.emplace(record, *std::move(image));
-    }
+    options.packed = PackedImagesOf(model);
     if (options.packed.empty()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "prepack: model '", name, "' on backend ", model.backend_name(),

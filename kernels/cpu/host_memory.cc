@@ -1,7 +1,6 @@
 #include "kernels/cpu/host_memory.h"
 
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cstdint>
@@ -11,6 +10,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "base/populate.h"
 
 namespace kiln::cpu {
 namespace {
@@ -50,16 +50,7 @@ void FreeHost(void* data) { std::free(data); }
 HostBytes CopyToHost(const std::byte* data, size_t bytes, int threads) {
   HostBytes copy(static_cast<std::byte*>(AllocateHost(std::max<size_t>(bytes, 1))));
   if (copy == nullptr) return copy;
-#ifdef MADV_POPULATE_READ
-  // The source is usually a mapped file: mapping its pages in one call is several times cheaper
-  // than a page fault per 4 KiB during the copy. Advisory (Linux 5.14+).
-  if (bytes > 0) {
-    const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-    const uintptr_t first = reinterpret_cast<uintptr_t>(data) / page * page;
-    ::madvise(reinterpret_cast<void*>(first), reinterpret_cast<uintptr_t>(data) + bytes - first,
-              MADV_POPULATE_READ);
-  }
-#endif
+  PopulateForRead(data, bytes);  // the source is usually a mapped file
   // Chunks of whole huge pages, so that each thread first-touches its own pages.
   const int64_t chunks = static_cast<int64_t>((bytes + kHugePage - 1) / kHugePage);
 #pragma omp parallel for schedule(static) num_threads(std::max(threads, 1))

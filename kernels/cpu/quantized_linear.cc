@@ -405,11 +405,12 @@ class QuantizedLinear final : public PackedLinear {
 
   // Throws std::bad_alloc.
   void Pack(const LinearPackSpec& spec, int threads) {
-    data_.reset(Allocate(data_bytes()));
-    if (view_.kind == Quantization::kInt8) scales_.reset(Allocate(scale_bytes()));
+    data_ = WeightBytes(HostBytes(Allocate(data_bytes())));
+    if (view_.kind == Quantization::kInt8)
+      scales_ = WeightBytes(HostBytes(Allocate(scale_bytes())));
     SetBias(spec);
-    auto* data = reinterpret_cast<uint8_t*>(data_.get());
-    auto* scales = reinterpret_cast<float*>(scales_.get());
+    auto* data = reinterpret_cast<uint8_t*>(data_.mutable_data());
+    auto* scales = reinterpret_cast<float*>(scales_.mutable_data());
 #pragma omp parallel num_threads(std::max(threads, 1))
     {
       std::vector<float> row(static_cast<size_t>(view_.k));
@@ -449,11 +450,11 @@ class QuantizedLinear final : public PackedLinear {
   // (AdoptPart). Throws std::bad_alloc.
   void Adopt(const LinearPackSpec& spec, int threads) {
     const PackedImage& image = *spec.prepacked;
-    adopted_data_ = AdoptPart(image, *image.Find("weights"), threads);
-    view_.data = reinterpret_cast<const uint8_t*>(adopted_data_.data());
+    data_ = AdoptPart(image, *image.Find("weights"), threads);
+    view_.data = reinterpret_cast<const uint8_t*>(data_.data());
     if (view_.kind == Quantization::kInt8) {
-      adopted_scales_ = AdoptPart(image, *image.Find("scales"), threads);
-      view_.scales = reinterpret_cast<const float*>(adopted_scales_.data());
+      scales_ = AdoptPart(image, *image.Find("scales"), threads);
+      view_.scales = reinterpret_cast<const float*>(scales_.data());
     }
     SetBias(spec);
     adopted_ = true;
@@ -475,7 +476,7 @@ class QuantizedLinear final : public PackedLinear {
     return image;
   }
   bool adopted() const override { return adopted_; }
-  bool adopted_in_place() const override { return adopted_data_.in_place(); }
+  bool adopted_in_place() const override { return data_.in_place(); }
 
   // Points the view at an accepted image's bytes where they lie, unowned, for Dequantize only
   // (the kernels' aligned loads need Adopt's copies).
@@ -558,10 +559,8 @@ class QuantizedLinear final : public PackedLinear {
   const std::string name_;
   const DType compute_dtype_;
   PackedView view_;
-  HostBytes data_;            // the packed weights
-  HostBytes scales_;          // int8's per-column scales
-  WeightBytes adopted_data_;  // or the adopted ones
-  WeightBytes adopted_scales_;
+  WeightBytes data_;    // the packed (or adopted) weights
+  WeightBytes scales_;  // int8's per-column scales
   HostBytes bias_;
   size_t packed_bytes_ = 0;
   bool adopted_ = false;

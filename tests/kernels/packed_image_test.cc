@@ -51,6 +51,14 @@ struct Weights {
     spec.quantization = quantization;
     return spec;
   }
+  // The spec of a load that hands the backend `image` instead of the plain weights.
+  LinearPackSpec AdoptSpec(DType compute, Quantization quantization,
+                           const PackedImage* image) const {
+    LinearPackSpec spec = Spec(compute, quantization);
+    spec.row_blocks.clear();
+    spec.prepacked = image;
+    return spec;
+  }
 };
 
 std::vector<float> Forward(const PackedLinear& linear, const std::vector<float>& x, int64_t m) {
@@ -113,9 +121,7 @@ TEST_P(PackedImageTest, AnAdoptedImageGivesTheSameOutputsBitForBit) {
 
   const Misaligned misaligned(*image);
   for (const PackedImage* source : {&*image, &misaligned.image}) {
-    LinearPackSpec spec = w.Spec(c.compute, c.quantization);
-    spec.row_blocks.clear();
-    spec.prepacked = source;
+    LinearPackSpec spec = w.AdoptSpec(c.compute, c.quantization, source);
     absl::StatusOr<std::unique_ptr<PackedLinear>> adopted = backend->PackLinear(spec);
     ASSERT_TRUE(adopted.ok()) << adopted.status();
     EXPECT_TRUE((*adopted)->adopted());
@@ -168,9 +174,7 @@ TEST_P(PackedImageTest, AnImageInHugePagesIsReadWhereItLiesAndOthersAreCopied) {
   sources[3].image.in_huge_pages = true;
   for (const Source& source : sources) {
     SCOPED_TRACE(source.what);
-    LinearPackSpec spec = w.Spec(c.compute, c.quantization);
-    spec.row_blocks.clear();
-    spec.prepacked = &source.image;
+    LinearPackSpec spec = w.AdoptSpec(c.compute, c.quantization, &source.image);
     absl::StatusOr<std::unique_ptr<PackedLinear>> adopted = backend->PackLinear(spec);
     ASSERT_TRUE(adopted.ok()) << adopted.status();
     EXPECT_TRUE((*adopted)->adopted());
@@ -188,9 +192,7 @@ TEST_P(PackedImageTest, AnImageInHugePagesIsReadWhereItLiesAndOthersAreCopied) {
     }
   }
   // A linear read in place keeps its bytes alive: they outlive the caller's handle.
-  LinearPackSpec spec = w.Spec(c.compute, c.quantization);
-  spec.row_blocks.clear();
-  spec.prepacked = &sources[0].image;
+  LinearPackSpec spec = w.AdoptSpec(c.compute, c.quantization, &sources[0].image);
   absl::StatusOr<std::unique_ptr<PackedLinear>> adopted = backend->PackLinear(spec);
   ASSERT_TRUE(adopted.ok()) << adopted.status();
   sources.clear();
@@ -218,9 +220,7 @@ TEST_P(PackedImageTest, AnImageAskedForAsAnotherDTypeIsUnpackedAndPackedAsUsual)
   const DType other = c.compute == DType::kBF16 && c.quantization == Quantization::kNone
                           ? DType::kF32
                           : (c.quantization == Quantization::kNone ? DType::kBF16 : DType::kF32);
-  LinearPackSpec spec = w.Spec(other, Quantization::kNone);
-  spec.row_blocks.clear();
-  spec.prepacked = &*image;
+  LinearPackSpec spec = w.AdoptSpec(other, Quantization::kNone, &*image);
   absl::StatusOr<std::unique_ptr<PackedLinear>> unpacked = backend->PackLinear(spec);
   ASSERT_TRUE(unpacked.ok()) << unpacked.status();
   EXPECT_FALSE((*unpacked)->adopted());
@@ -313,10 +313,8 @@ TEST(PackedImageErrorsTest, AnImageOfTheWrongSizeOrLayoutIsAnErrorNamingTheLinea
   ASSERT_TRUE(packed.ok()) << packed.status();
   std::optional<PackedImage> image = (*packed)->Image();
   if (!image.has_value()) GTEST_SKIP() << "no image of this layout on this CPU";
-  LinearPackSpec spec = w.Spec(DType::kBF16, Quantization::kNone);
-  spec.row_blocks.clear();
+  LinearPackSpec spec = w.AdoptSpec(DType::kBF16, Quantization::kNone, &*image);
   spec.name = "layers.0.o";
-  spec.prepacked = &*image;
 
   image->parts[0].bytes -= 2;
   absl::StatusOr<std::unique_ptr<PackedLinear>> short_image = backend->PackLinear(spec);

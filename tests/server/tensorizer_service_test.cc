@@ -69,6 +69,22 @@ grpc::Status Tensorize(v1::Models::Stub& stub, const std::string& model, const s
   return stub.Tensorize(Context().get(), request, response);
 }
 
+// Models `a` and `b` give the same greedy tokens and text from the same prompt.
+void ExpectSameGreedyText(TestServer& server, const std::string& a, const std::string& b) {
+  v1::GenerateRequest request;
+  request.set_prompt("hello");
+  request.mutable_stopping()->set_max_tokens(8);
+  request.mutable_stopping()->set_ignore_eos(true);
+  request.set_model(a);
+  StreamResult from_a = GenerateAll(server.inference(), request);
+  request.set_model(b);
+  StreamResult from_b = GenerateAll(server.inference(), request);
+  ASSERT_TRUE(from_a.status.ok()) << a << ": " << from_a.status.error_message();
+  ASSERT_TRUE(from_b.status.ok()) << b << ": " << from_b.status.error_message();
+  EXPECT_EQ(from_a.tokens, from_b.tokens);
+  EXPECT_EQ(from_a.text, from_b.text);
+}
+
 TEST(TensorizerServiceTest, EncryptedFileWithKeyFileOrPassphraseFile) {
   auto server = TestServer::Start(TestServerOptions());
   ASSERT_NE(server, nullptr);
@@ -174,18 +190,7 @@ TEST(TensorizerServiceTest, TensorizeWritesAFileThatLoadsOnItsOwn) {
   EXPECT_CONTAINS(info.loader(), "native");
 
   // Same greedy text from the same prompt: weights and tokenizer both came along.
-  v1::GenerateRequest request;
-  request.set_prompt("hello");
-  request.mutable_stopping()->set_max_tokens(8);
-  request.mutable_stopping()->set_ignore_eos(true);
-  request.set_model("text");
-  StreamResult original = GenerateAll(server->inference(), request);
-  request.set_model("native");
-  StreamResult reloaded = GenerateAll(server->inference(), request);
-  ASSERT_TRUE(original.status.ok()) << original.status.error_message();
-  ASSERT_TRUE(reloaded.status.ok()) << reloaded.status.error_message();
-  EXPECT_EQ(original.tokens, reloaded.tokens);
-  EXPECT_EQ(original.text, reloaded.text);
+  ExpectSameGreedyText(*server, "text", "native");
 
   EXPECT_CODE(Tensorize(server->models(), "text", out.string(), &written), ALREADY_EXISTS,
               "overwrite");
@@ -230,18 +235,7 @@ TEST(TensorizerServiceTest, TensorizeWithPrepackWritesTheServersPackedLinears) {
   EXPECT_TRUE(info.adopted_in_place_linears() == 0 ||
               info.adopted_in_place_linears() == info.adopted_linears());
 
-  v1::GenerateRequest request;
-  request.set_prompt("hello");
-  request.mutable_stopping()->set_max_tokens(8);
-  request.mutable_stopping()->set_ignore_eos(true);
-  request.set_model("text");
-  StreamResult original = GenerateAll(server->inference(), request);
-  request.set_model("prepacked");
-  StreamResult reloaded = GenerateAll(server->inference(), request);
-  ASSERT_TRUE(original.status.ok()) << original.status.error_message();
-  ASSERT_TRUE(reloaded.status.ok()) << reloaded.status.error_message();
-  EXPECT_EQ(original.tokens, reloaded.tokens);
-  EXPECT_EQ(original.text, reloaded.text);
+  ExpectSameGreedyText(*server, "text", "prepacked");
 
   // Another dtype than the model's cannot be prepacked from it.
   const std::string other = info.dtype() == "bf16" ? "f32" : "bf16";
