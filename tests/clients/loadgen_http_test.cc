@@ -479,7 +479,10 @@ TEST(LoadgenHttpRunnerTest, ChunksOfSeveralTokens) {
     const double pace = std::chrono::duration<double>(kPace).count();
     for (const RequestRecord& r : result->records) {
       const double sum = std::accumulate(r.itl_seconds.begin(), r.itl_seconds.end(), 0.0);
-      EXPECT_GE(sum, 2 * 0.9 * pace) << model;  // the two gaps between the three chunks
+      // The two gaps between the three chunks are 2 × pace at the server, but a chunk read
+      // late on a loaded machine shortens the client's span (CI saw 35 ms of 40): one pace
+      // still tells gaps measured apart from one chunk split into tokens (sum 0).
+      EXPECT_GE(sum, pace) << model;
     }
   }
 }
