@@ -37,10 +37,18 @@ struct alignas(64) ChunkRun {
   }
 };
 
-// Panels per chunk for panels of `panel_bytes`: about 256 KiB of weights, long enough runs for
-// the prefetchers and enough chunks to even out the threads.
-inline int64_t PanelsPerChunk(int64_t panel_bytes) {
-  return std::max<int64_t>(1, (int64_t{256} << 10) / std::max<int64_t>(1, panel_bytes));
+// Panels per chunk for `panels` panels of `panel_bytes` on `threads` threads: about 256 KiB of
+// weights, long enough runs for the prefetchers and enough chunks to even out the threads. A
+// kernel that reads `streams` panels side by side gets chunks of a multiple of `streams` where
+// that still leaves at least four chunks per thread; otherwise the chunk keeps its size and
+// the kernel reads fewer streams (a 14-panel down projection in chunks of 4 left one thread 8
+// panels and the other 6).
+inline int64_t PanelsPerChunk(int64_t panels, int64_t panel_bytes, int threads,
+                              int64_t streams = 1) {
+  const int64_t chunk =
+      std::max<int64_t>(1, (int64_t{256} << 10) / std::max<int64_t>(1, panel_bytes));
+  const int64_t rounded = (chunk + streams - 1) / streams * streams;
+  return panels >= rounded * 4 * std::max(threads, 1) ? rounded : chunk;
 }
 
 // Calls run(begin, end) for consecutive ranges of [0, panels), `chunk` panels at a time (the

@@ -76,69 +76,119 @@ void ForRowCount(int64_t m, Rows&& rows) {
 
 // ---- bf16: a panel is [k_padded / 2][64][2]; one k pair of 64 columns is 4 vectors ------------
 
-// Accumulates R rows × B column vectors (16 columns each) of one panel over k pairs
+// Panels read at once by one thread, as that many sequential streams: on the 2-core Zen 4 VM
+// two threads read about 50 GB/s with one stream each and 70-80 GB/s with four (the bandwidth
+// probe's patterns). Bounded by the accumulators: S·R·B of the 32 vector registers.
+template <int R, int B>
+inline constexpr int kStreams = std::clamp(16 / (R * B), 1, 4);
+
+// Accumulates R rows × B column vectors (16 columns each) of S panels over k pairs
 // [j_begin, j_end), starting at vector b0, into zeroed accumulators. Up to 4 rows take the whole
 // panel in one pass (B = 4); 5-8 rows take it as two halves (B = 2), each half reading its own
 // two cache lines of every k pair, so the panel is still read once. Every row sums in the same
-// order whatever R is, so a row's result does not depend on the rows beside it.
-template <int R, int B>
-KILN_AVX512_BF16_TARGET KILN_ALWAYS_INLINE void PanelBf16(const uint16_t* panel, int64_t j_begin,
-                                                          int64_t j_end, int b0, const uint32_t* x,
-                                                          int64_t x_stride, __m512 (&acc)[R][4]) {
+// order whatever R and S are, so a row's result does not depend on the rows or panels beside it.
+template <int R, int B, int S>
+KILN_AVX512_BF16_TARGET KILN_ALWAYS_INLINE void PanelsBf16(const uint16_t* const (&panels)[S],
+                                                           int64_t j_begin, int64_t j_end, int b0,
+                                                           const uint32_t* x, int64_t x_stride,
+                                                           __m512 (&acc)[S][R][4]) {
   KILN_UNROLL
-  for (int r = 0; r < R; ++r) {
-    KILN_UNROLL
-    for (int b = 0; b < B; ++b) acc[r][b] = _mm512_setzero_ps();
-  }
-  const uint16_t* base = panel + 32 * b0;
-  for (int64_t j = j_begin; j < j_end; ++j) {
-    const uint16_t* p = base + j * 128;
-    KILN_UNROLL
-    for (int line = 0; line < B; ++line) Prefetch(p + kPrefetchBytes / 2 + line * 32);
-    if (B < 4 && b0 == 0) {
-      // The other half's lines, into L2 for the second pass.
-      KILN_UNROLL
-      for (int line = B; line < 4; ++line) {
-        _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes / 2 + line * 32),
-                     _MM_HINT_T1);
-      }
-    }
-    __m512bh w[B];
-    KILN_UNROLL
-    for (int b = 0; b < B; ++b) w[b] = (__m512bh)_mm512_load_si512(p + 32 * b);
+  for (int s = 0; s < S; ++s) {
     KILN_UNROLL
     for (int r = 0; r < R; ++r) {
-      const __m512bh xr = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[r * x_stride + j]));
       KILN_UNROLL
-      for (int b = 0; b < B; ++b) acc[r][b] = _mm512_dpbf16_ps(acc[r][b], xr, w[b]);
+      for (int b = 0; b < B; ++b) acc[s][r][b] = _mm512_setzero_ps();
+    }
+  }
+  for (int64_t j = j_begin; j < j_end; ++j) {
+    __m512bh xr[R];
+    KILN_UNROLL
+    for (int r = 0; r < R; ++r) {
+      xr[r] = (__m512bh)_mm512_set1_epi32(static_cast<int>(x[r * x_stride + j]));
+    }
+    KILN_UNROLL
+    for (int s = 0; s < S; ++s) {
+      const uint16_t* p = panels[s] + 32 * b0 + j * 128;
+      KILN_UNROLL
+      for (int line = 0; line < B; ++line) Prefetch(p + kPrefetchBytes / 2 + line * 32);
+      if (B < 4 && b0 == 0) {
+        // The other half's lines, into L2 for the second pass.
+        KILN_UNROLL
+        for (int line = B; line < 4; ++line) {
+          _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes / 2 + line * 32),
+                       _MM_HINT_T1);
+        }
+      }
+      KILN_UNROLL
+      for (int b = 0; b < B; ++b) {
+        const __m512bh w = (__m512bh)_mm512_load_si512(p + 32 * b);
+        KILN_UNROLL
+        for (int r = 0; r < R; ++r) acc[s][r][b] = _mm512_dpbf16_ps(acc[s][r][b], xr[r], w);
+      }
     }
   }
 }
 
-template <int R, int B>
-KILN_AVX512_BF16_TARGET void RowsBf16(const PanelWeights& w, const uint32_t* x, int64_t x_stride,
-                                      int64_t p_begin, int64_t p_end, float* y) {
+// Panels first[0..S) (each k_padded × 64 values) for R rows, summed in k blocks as w.k_block
+// says, stored with the bias.
+template <int R, int B, int S>
+KILN_AVX512_BF16_TARGET void PanelGroupBf16(const PanelWeights& w, const uint32_t* x,
+                                            int64_t x_stride, const int64_t (&first)[S], float* y) {
   const auto* data = static_cast<const uint16_t*>(w.data);
   const int64_t pairs = w.k_padded / 2;
   const int64_t block_pairs = w.k_block > 0 ? w.k_block / 2 : pairs;
-  for (int64_t p = p_begin; p < p_end; ++p) {
-    const uint16_t* panel = data + p * w.k_padded * kPanelColumns;
-    KILN_UNROLL
-    for (int b0 = 0; b0 < 4; b0 += B) {
-      __m512 total[R][4];
-      PanelBf16<R, B>(panel, 0, std::min(pairs, block_pairs), b0, x, x_stride, total);
-      for (int64_t j = block_pairs; j < pairs; j += block_pairs) {
-        __m512 acc[R][4];
-        PanelBf16<R, B>(panel, j, std::min(pairs, j + block_pairs), b0, x, x_stride, acc);
+  const uint16_t* panels[S];
+  KILN_UNROLL
+  for (int s = 0; s < S; ++s) panels[s] = data + first[s] * w.k_padded * kPanelColumns;
+  KILN_UNROLL
+  for (int b0 = 0; b0 < 4; b0 += B) {
+    __m512 total[S][R][4];
+    PanelsBf16<R, B, S>(panels, 0, std::min(pairs, block_pairs), b0, x, x_stride, total);
+    for (int64_t j = block_pairs; j < pairs; j += block_pairs) {
+      __m512 acc[S][R][4];
+      PanelsBf16<R, B, S>(panels, j, std::min(pairs, j + block_pairs), b0, x, x_stride, acc);
+      KILN_UNROLL
+      for (int s = 0; s < S; ++s) {
         KILN_UNROLL
         for (int r = 0; r < R; ++r) {
           KILN_UNROLL
-          for (int b = 0; b < B; ++b) total[r][b] = _mm512_add_ps(total[r][b], acc[r][b]);
+          for (int b = 0; b < B; ++b) total[s][r][b] = _mm512_add_ps(total[s][r][b], acc[s][r][b]);
         }
       }
-      StorePanel<R, B>(total, w.bias, p * kPanelColumns + 16 * b0, w.n, y);
+    }
+    KILN_UNROLL
+    for (int s = 0; s < S; ++s) {
+      StorePanel<R, B>(total[s], w.bias, first[s] * kPanelColumns + 16 * b0, w.n, y);
     }
   }
+}
+
+// Reads as many panels of [p, p_end) as divide into S runs, the runs side by side, each in
+// order; returns the first panel left.
+template <int R, int B, int S>
+KILN_AVX512_BF16_TARGET int64_t StreamRunsBf16(const PanelWeights& w, const uint32_t* x,
+                                               int64_t x_stride, int64_t p, int64_t p_end,
+                                               float* y) {
+  const int64_t per_run = (p_end - p) / S;
+  for (int64_t i = 0; i < per_run; ++i) {
+    int64_t first[S];
+    KILN_UNROLL
+    for (int s = 0; s < S; ++s) first[s] = p + s * per_run + i;
+    PanelGroupBf16<R, B, S>(w, x, x_stride, first, y);
+  }
+  return p + S * per_run;
+}
+
+// Panels [p_begin, p_end) in up to kStreams runs read side by side; what does not divide evenly
+// goes in fewer streams.
+template <int R, int B>
+KILN_AVX512_BF16_TARGET void RowsBf16(const PanelWeights& w, const uint32_t* x, int64_t x_stride,
+                                      int64_t p_begin, int64_t p_end, float* y) {
+  constexpr int S = kStreams<R, B>;
+  int64_t p = p_begin;
+  if constexpr (S >= 4) p = StreamRunsBf16<R, B, 4>(w, x, x_stride, p, p_end, y);
+  if constexpr (S >= 2) p = StreamRunsBf16<R, B, 2>(w, x, x_stride, p, p_end, y);
+  StreamRunsBf16<R, B, 1>(w, x, x_stride, p, p_end, y);
 }
 
 void RangeBf16(const PanelWeights& w, const uint16_t* x, int64_t m, int64_t p_begin, int64_t p_end,
@@ -259,8 +309,11 @@ void RunSmallM(const PanelWeights& w, const float* x, int64_t m, float* y, int t
     xp = tls_x_f32.data();
   }
   const int64_t panel_bytes = w.k_padded * kPanelColumns * DTypeSize(w.dtype);
-  ForPanelsBalanced(panels, PanelsPerChunk(panel_bytes), static_cast<int>(useful_threads),
-                    [&](int64_t begin, int64_t end) {
+  // The streams RowsBf16 reads at most for m rows (kStreams).
+  const int64_t streams = w.dtype == DType::kBF16 ? std::clamp<int64_t>(4 / m, 1, 4) : 1;
+  ForPanelsBalanced(panels,
+                    PanelsPerChunk(panels, panel_bytes, static_cast<int>(useful_threads), streams),
+                    static_cast<int>(useful_threads), [&](int64_t begin, int64_t end) {
                       if (w.dtype == DType::kBF16) {
                         RangeBf16(w, static_cast<const uint16_t*>(xp), m, begin, end, y);
                       } else {

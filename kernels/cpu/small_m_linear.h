@@ -1,8 +1,9 @@
 // The decode-path linear: y = x·Wᵀ for a few rows (decode, speculative verification), over the
 // panel layout the CPU backend packs weights into. A panel is 64 output columns for the whole of
 // K, stored contiguously (oneDNN's BA16a64b2a for bf16, BA16a64b for f32), so each thread streams
-// its own contiguous run of panels once for all rows, with fp32 accumulators in registers
-// (`vdpbf16ps` for bf16). Larger M stays with oneDNN's brgemm.
+// its own run of panels once for all rows, with fp32 accumulators in registers (`vdpbf16ps` for
+// bf16); for one or two bf16 rows a thread reads up to four panels side by side (more sequential
+// streams in flight). Larger M stays with oneDNN's brgemm.
 #pragma once
 
 #include <cstdint>
@@ -33,7 +34,8 @@ struct PanelWeights {
 bool SmallMKernelSupported(DType dtype);
 
 // y[m, n] = x[m, k]·Wᵀ (+ bias) for 1 ≤ m ≤ kSmallMMaxRows, on up to `threads` OpenMP threads
-// (panels split into one contiguous range per thread). x and y are contiguous fp32. The caller
+// (panels in chunks, each thread taking its own first; see panel_split.h). x and y are
+// contiguous fp32. The caller
 // checks SmallMKernelSupported.
 void RunSmallM(const PanelWeights& weights, const float* x, int64_t m, float* y, int threads);
 

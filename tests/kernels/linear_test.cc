@@ -443,8 +443,9 @@ TEST_P(PackedLinearTest, SmallMKernelMatchesTheReferenceAndBrgemmBitForBit) {
   }
   std::unique_ptr<Backend> backend = MakeBackend();
   ASSERT_NE(backend, nullptr);
-  const std::vector<std::pair<int64_t, int64_t>> shapes = {
-      {1, 1}, {33, 17}, {100, 200}, {384, 640}, {520, 64}, {896, 130}, {1100, 70}, {2100, 96}};
+  const std::vector<std::pair<int64_t, int64_t>> shapes = {{1, 1},     {33, 17},   {100, 200},
+                                                           {384, 640}, {520, 64},  {896, 130},
+                                                           {256, 448}, {1100, 70}, {2100, 96}};
   uint32_t seed = 500;
   int identical = 0;
   for (const auto& [k, n] : shapes) {

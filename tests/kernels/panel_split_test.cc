@@ -38,6 +38,21 @@ TEST(PanelSplitTest, EveryPanelRunsOnceInChunkSizedRanges) {
   }
 }
 
+// Chunks are about 256 KiB; a multiple of the streams a kernel reads only where that leaves
+// every thread at least four chunks, so that few large panels still split evenly.
+TEST(PanelSplitTest, ChunksRoundToStreamsOnlyWhereThereAreManyPanels) {
+  constexpr int64_t kKiB = 1024;
+  EXPECT_EQ(PanelsPerChunk(2374, 112 * kKiB, 2, 1), 2);  // the LM head's bf16 panels
+  EXPECT_EQ(PanelsPerChunk(2374, 112 * kKiB, 2, 4), 4);  // ... read as 4 streams
+  EXPECT_EQ(PanelsPerChunk(152, 112 * kKiB, 2, 4), 4);   // gate/up: 19 chunks per thread
+  EXPECT_EQ(PanelsPerChunk(18, 112 * kKiB, 2, 4), 2);    // qkv: chunks of 4 would be uneven
+  EXPECT_EQ(PanelsPerChunk(14, 608 * kKiB, 2, 4), 1);    // down: one panel is 608 KiB
+  EXPECT_EQ(PanelsPerChunk(14, 608 * kKiB, 1, 4), 1);
+  EXPECT_EQ(PanelsPerChunk(100, 16 * kKiB, 2, 4), 16);  // small panels: already a multiple
+  EXPECT_EQ(PanelsPerChunk(100, 24 * kKiB, 2, 4), 12);  // 10 of 24 KiB, rounded up to 12
+  EXPECT_EQ(PanelsPerChunk(100, 0, 0, 1), 262144);      // no division by zero
+}
+
 TEST(PanelSplitTest, AHeldUpThreadsChunksAreTakenByTheOthers) {
   constexpr int64_t kPanels = 64;
   std::vector<int> ran_by(kPanels, -1);

@@ -1,8 +1,8 @@
 // The CPU backend's quantized linears (int8 per channel, int4 in groups of 32) against a
 // double-precision reference of the scheme kernels/quantization.h states: the same integer
 // values, summed exactly, scaled in double. Tolerance: fp32 rounding of the kernel's scaling,
-// 1e-5 of the sum of the magnitudes of the scaled terms and the bias. A second check against the unquantized
-// product bounds the quantization error itself on random weights.
+// 1e-5 of the sum of the magnitudes of the scaled terms and the bias. A second check against the
+// unquantized product bounds the quantization error itself on random weights.
 #include "kernels/cpu/quantized_linear.h"
 
 #include <gtest/gtest.h>
@@ -156,7 +156,7 @@ TEST_P(QuantizedLinearTest, MatchesTheSchemeForEveryShapeAndRowCount) {
   const std::vector<Shape> shapes = {
       {1, {1}, false},      {31, {17}, true},          {32, {64}, false},
       {33, {65}, true},     {100, {40, 24, 36}, true}, {896, {128, 32, 32}, true},
-      {1000, {300}, false}, {4864, {96}, false},
+      {1000, {300}, false}, {4864, {96}, false},       {64, {448}, true},
   };
   std::normal_distribution<float> x_dist(0.0f, 1.0f);
   for (const Shape& shape : shapes) {
