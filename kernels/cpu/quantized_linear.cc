@@ -163,13 +163,9 @@ KILN_VNNI_TARGET KILN_ALWAYS_INLINE void StoreColumns(__m512 value, const float*
   _mm512_mask_storeu_ps(y_row + col, mask, value);
 }
 
-// Panels a pass of R rows reads side by side, as that many sequential streams: on the 2-core
-// Zen 4 VM two threads read about 50 GB/s with one stream each and 70-80 GB/s with four. Bounded
-// by the accumulators (S·R·4 int8, S·R·4 int4 of the 32 vector registers).
+// Panels a pass of R rows reads side by side (StreamsForRows).
 template <int R>
-inline constexpr int kStreams = R == 1   ? 4
-                                : R == 2 ? 2
-                                         : 1;
+inline constexpr int kStreams = StreamsForRows(R);
 
 // ---- int8: R rows × the whole 64-column panel, S panels at once -------------------------------
 
@@ -617,8 +613,8 @@ class QuantizedLinear final : public PackedLinear {
     const int64_t useful_threads =
         std::clamp<int64_t>(view_.panels * view_.panel_bytes * passes / kMinBytesPerThread, 1,
                             std::min<int64_t>(threads, view_.panels));
-    // The streams a pass reads at most (kStreams; m > 4 reads one panel at a time).
-    const int64_t streams = m == 1 ? 4 : m == 2 ? 2 : 1;
+    // More than 4 rows take passes of 4 over one panel at a time.
+    const int64_t streams = m <= kMaxRowsPerPass ? StreamsForRows(m) : 1;
     ForPanelsBalanced(
         view_.panels,
         PanelsPerChunk(view_.panels, view_.panel_bytes, static_cast<int>(useful_threads), streams),

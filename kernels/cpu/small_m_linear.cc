@@ -76,11 +76,10 @@ void ForRowCount(int64_t m, Rows&& rows) {
 
 // ---- bf16: a panel is [k_padded / 2][64][2]; one k pair of 64 columns is 4 vectors ------------
 
-// Panels read at once by one thread, as that many sequential streams: on the 2-core Zen 4 VM
-// two threads read about 50 GB/s with one stream each and 70-80 GB/s with four (the bandwidth
-// probe's patterns). Bounded by the accumulators: S·R·B of the 32 vector registers.
+// Panels read at once by one thread (StreamsForRows): 16 accumulators for one row, 16 for two.
 template <int R, int B>
-inline constexpr int kStreams = std::clamp(16 / (R * B), 1, 4);
+inline constexpr int kStreams = StreamsForRows(R);
+static_assert(kStreams<1, 4> * 1 * 4 <= 16 && kStreams<2, 4> * 2 * 4 <= 16);
 
 // Accumulates R rows × B column vectors (16 columns each) of S panels over k pairs
 // [j_begin, j_end), starting at vector b0, into zeroed accumulators. Up to 4 rows take the whole
@@ -309,8 +308,7 @@ void RunSmallM(const PanelWeights& w, const float* x, int64_t m, float* y, int t
     xp = tls_x_f32.data();
   }
   const int64_t panel_bytes = w.k_padded * kPanelColumns * DTypeSize(w.dtype);
-  // The streams RowsBf16 reads at most for m rows (kStreams).
-  const int64_t streams = w.dtype == DType::kBF16 ? std::clamp<int64_t>(4 / m, 1, 4) : 1;
+  const int64_t streams = w.dtype == DType::kBF16 ? StreamsForRows(m) : 1;
   ForPanelsBalanced(panels,
                     PanelsPerChunk(panels, panel_bytes, static_cast<int>(useful_threads), streams),
                     static_cast<int>(useful_threads), [&](int64_t begin, int64_t end) {
