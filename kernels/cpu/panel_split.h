@@ -43,6 +43,27 @@ struct alignas(64) ChunkRun {
 // half the 32 vector registers.
 constexpr int StreamsForRows(int64_t rows) { return rows == 1 ? 4 : rows == 2 ? 2 : 1; }
 
+// Reads panels [begin, end) as up to `MaxStreams` runs side by side: calls
+// group.template operator()<S>(first) with first[s] the next panel of run s, first for S =
+// MaxStreams over as many panels as divide into S runs, then what is left in fewer streams
+// (4, 2, 1). Every panel is passed once, and each run in order.
+template <int MaxStreams, typename Group>
+void ForStreamGroups(int64_t begin, int64_t end, Group&& group) {
+  static_assert(MaxStreams == 1 || MaxStreams == 2 || MaxStreams == 4);
+  auto runs = [&]<int S>() {
+    const int64_t per_run = (end - begin) / S;
+    for (int64_t i = 0; i < per_run; ++i) {
+      int64_t first[S];
+      for (int s = 0; s < S; ++s) first[s] = begin + s * per_run + i;
+      group.template operator()<S>(first);
+    }
+    begin += S * per_run;
+  };
+  if constexpr (MaxStreams >= 4) runs.template operator()<4>();
+  if constexpr (MaxStreams >= 2) runs.template operator()<2>();
+  runs.template operator()<1>();
+}
+
 // Panels per chunk for `panels` panels of `panel_bytes` on `threads` threads: about 256 KiB of
 // weights, long enough runs for the prefetchers and enough chunks to even out the threads. A
 // kernel that reads `streams` panels side by side gets chunks of a multiple of `streams` where

@@ -163,10 +163,6 @@ KILN_VNNI_TARGET KILN_ALWAYS_INLINE void StoreColumns(__m512 value, const float*
   _mm512_mask_storeu_ps(y_row + col, mask, value);
 }
 
-// Panels a pass of R rows reads side by side (StreamsForRows).
-template <int R>
-inline constexpr int kStreams = StreamsForRows(R);
-
 // ---- int8: R rows × the whole 64-column panel, S panels at once -------------------------------
 
 template <int R, int S>
@@ -312,31 +308,15 @@ KILN_VNNI_TARGET void Int4Panels(const PackedView& w, const QuantizedActivations
   }
 }
 
-// Reads as many panels of [p, p_end) as divide into S runs, the runs side by side, each in
-// order, for rows [row0, row0 + R); returns the first panel left.
-template <int R, int S>
-int64_t StreamRuns(const PackedView& w, const QuantizedActivations& a, int64_t row0, int64_t p,
-                   int64_t p_end, float* y) {
-  const int64_t per_run = (p_end - p) / S;
-  for (int64_t i = 0; i < per_run; ++i) {
-    int64_t first[S];
-    KILN_UNROLL
-    for (int s = 0; s < S; ++s) first[s] = p + s * per_run + i;
-    w.kind == Quantization::kInt8 ? Int8Panels<R, S>(w, a, row0, first, y)
-                                  : Int4Panels<R, S>(w, a, row0, first, y);
-  }
-  return p + S * per_run;
-}
-
-// Panels [p_begin, p_end) for rows [row0, row0 + R) in up to kStreams<R> streams; what does not
-// divide evenly goes in fewer.
+// Panels [p_begin, p_end) for rows [row0, row0 + R) in up to StreamsForRows(R) runs read side
+// by side.
 template <int R>
 void PassPanels(const PackedView& w, const QuantizedActivations& a, int64_t row0, int64_t p_begin,
                 int64_t p_end, float* y) {
-  int64_t p = p_begin;
-  if constexpr (kStreams<R> >= 4) p = StreamRuns<R, 4>(w, a, row0, p, p_end, y);
-  if constexpr (kStreams<R> >= 2) p = StreamRuns<R, 2>(w, a, row0, p, p_end, y);
-  StreamRuns<R, 1>(w, a, row0, p, p_end, y);
+  ForStreamGroups<StreamsForRows(R)>(p_begin, p_end, [&]<int S>(const int64_t(&first)[S]) {
+    w.kind == Quantization::kInt8 ? Int8Panels<R, S>(w, a, row0, first, y)
+                                  : Int4Panels<R, S>(w, a, row0, first, y);
+  });
 }
 
 // Runs panels [p_begin, p_end) for every row. Up to 4 rows take one pass over the panels; more

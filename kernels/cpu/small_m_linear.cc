@@ -76,11 +76,6 @@ void ForRowCount(int64_t m, Rows&& rows) {
 
 // ---- bf16: a panel is [k_padded / 2][64][2]; one k pair of 64 columns is 4 vectors ------------
 
-// Panels read at once by one thread (StreamsForRows): 16 accumulators for one row, 16 for two.
-template <int R, int B>
-inline constexpr int kStreams = StreamsForRows(R);
-static_assert(kStreams<1, 4> * 1 * 4 <= 16 && kStreams<2, 4> * 2 * 4 <= 16);
-
 // Accumulates R rows × B column vectors (16 columns each) of S panels over k pairs
 // [j_begin, j_end), starting at vector b0, into zeroed accumulators. Up to 4 rows take the whole
 // panel in one pass (B = 4); 5-8 rows take it as two halves (B = 2), each half reading its own
@@ -162,32 +157,13 @@ KILN_AVX512_BF16_TARGET void PanelGroupBf16(const PanelWeights& w, const uint32_
   }
 }
 
-// Reads as many panels of [p, p_end) as divide into S runs, the runs side by side, each in
-// order; returns the first panel left.
-template <int R, int B, int S>
-KILN_AVX512_BF16_TARGET int64_t StreamRunsBf16(const PanelWeights& w, const uint32_t* x,
-                                               int64_t x_stride, int64_t p, int64_t p_end,
-                                               float* y) {
-  const int64_t per_run = (p_end - p) / S;
-  for (int64_t i = 0; i < per_run; ++i) {
-    int64_t first[S];
-    KILN_UNROLL
-    for (int s = 0; s < S; ++s) first[s] = p + s * per_run + i;
-    PanelGroupBf16<R, B, S>(w, x, x_stride, first, y);
-  }
-  return p + S * per_run;
-}
-
-// Panels [p_begin, p_end) in up to kStreams runs read side by side; what does not divide evenly
-// goes in fewer streams.
+// Panels [p_begin, p_end) in up to StreamsForRows(R) runs read side by side.
 template <int R, int B>
 KILN_AVX512_BF16_TARGET void RowsBf16(const PanelWeights& w, const uint32_t* x, int64_t x_stride,
                                       int64_t p_begin, int64_t p_end, float* y) {
-  constexpr int S = kStreams<R, B>;
-  int64_t p = p_begin;
-  if constexpr (S >= 4) p = StreamRunsBf16<R, B, 4>(w, x, x_stride, p, p_end, y);
-  if constexpr (S >= 2) p = StreamRunsBf16<R, B, 2>(w, x, x_stride, p, p_end, y);
-  StreamRunsBf16<R, B, 1>(w, x, x_stride, p, p_end, y);
+  ForStreamGroups<StreamsForRows(R)>(p_begin, p_end, [&]<int S>(const int64_t(&first)[S]) {
+    PanelGroupBf16<R, B, S>(w, x, x_stride, first, y);
+  });
 }
 
 void RangeBf16(const PanelWeights& w, const uint16_t* x, int64_t m, int64_t p_begin, int64_t p_end,

@@ -35,8 +35,7 @@ bool SmallMKernelSupported(DType dtype);
 
 // y[m, n] = x[m, k]·Wᵀ (+ bias) for 1 ≤ m ≤ kSmallMMaxRows, on up to `threads` OpenMP threads
 // (panels in chunks, each thread taking its own first; see panel_split.h). x and y are
-// contiguous fp32. The caller
-// checks SmallMKernelSupported.
+// contiguous fp32. The caller checks SmallMKernelSupported.
 void RunSmallM(const PanelWeights& weights, const float* x, int64_t m, float* y, int threads);
 
 }  // namespace kiln::cpu

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <chrono>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "absl/synchronization/mutex.h"
@@ -51,6 +52,36 @@ TEST(PanelSplitTest, ChunksRoundToStreamsOnlyWhereThereAreManyPanels) {
   EXPECT_EQ(PanelsPerChunk(100, 16 * kKiB, 2, 4), 16);  // small panels: already a multiple
   EXPECT_EQ(PanelsPerChunk(100, 24 * kKiB, 2, 4), 12);  // 10 of 24 KiB, rounded up to 12
   EXPECT_EQ(PanelsPerChunk(100, 0, 0, 1), 262144);      // no division by zero
+}
+
+// Stream groups: every panel once; within a group the runs are equally long and side by side
+// (first[s + 1] - first[s] is the run length), and each run is read in order.
+TEST(PanelSplitTest, StreamGroupsPassEveryPanelOnceInRunsSideBySide) {
+  auto check = [](int64_t begin, int64_t end, auto max_streams) {
+    constexpr int kMax = decltype(max_streams)::value;
+    std::vector<int> seen(static_cast<size_t>(end), 0);
+    std::vector<int> sizes;
+    int64_t last_first = -1;
+    ForStreamGroups<kMax>(begin, end, [&]<int S>(const int64_t(&first)[S]) {
+      sizes.push_back(S);
+      for (int s = 1; s < S; ++s) EXPECT_EQ(first[s] - first[s - 1], first[1] - first[0]);
+      EXPECT_GT(first[0], last_first) << "runs go forward";
+      last_first = first[0];
+      for (int s = 0; s < S; ++s) ++seen[static_cast<size_t>(first[s])];
+    });
+    for (int64_t p = 0; p < end; ++p) {
+      EXPECT_EQ(seen[static_cast<size_t>(p)], p >= begin ? 1 : 0) << "panel " << p;
+    }
+    for (int size : sizes) EXPECT_LE(size, kMax);
+    return sizes;
+  };
+  // 7 panels in 4 streams: one group of 4, one of 2, one single.
+  EXPECT_EQ(check(3, 10, std::integral_constant<int, 4>{}), (std::vector<int>{4, 2, 1}));
+  // 9 in 4: two groups of 4 (runs of 2), then 1.
+  EXPECT_EQ(check(0, 9, std::integral_constant<int, 4>{}), (std::vector<int>{4, 4, 1}));
+  EXPECT_EQ(check(0, 5, std::integral_constant<int, 2>{}), (std::vector<int>{2, 2, 1}));
+  EXPECT_EQ(check(0, 3, std::integral_constant<int, 1>{}), (std::vector<int>{1, 1, 1}));
+  EXPECT_EQ(check(0, 1, std::integral_constant<int, 4>{}), (std::vector<int>{1}));
 }
 
 TEST(PanelSplitTest, AHeldUpThreadsChunksAreTakenByTheOthers) {
