@@ -3,7 +3,9 @@
 // measurement runs once over every copy, as decode runs a layer's weights once per step, so the
 // weights come from memory (or from cache, for shapes and copies that fit, as in a small model).
 // Prints GB/s of weight streamed for each kernel, the ratio, the kernel serving would choose and
-// the read bandwidth of this machine for the roofline.
+// the read bandwidth of this machine for the roofline. With --quantize int8|int4 the quantized
+// VNNI kernel runs alone (it has no brgemm twin) and its GB/s of packed bytes is held against the
+// read-bandwidth probe.
 #include <omp.h>
 
 #include <cmath>
@@ -18,10 +20,12 @@
 #include "absl/strings/str_split.h"
 #include "base/logging.h"
 #include "bench/bench_util.h"
+#include "bench/read_bandwidth.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cpu/onednn_linear.h"
 #include "kernels/cpu/small_m_linear.h"
 #include "kernels/dtype.h"
+#include "kernels/quantization.h"
 
 ABSL_FLAG(std::string, shapes, "896x1152,896x896,896x9728,4864x896,896x151936",
           "comma-separated KxN (default: the linears of a Qwen2.5-0.5B layer and its LM head)");
@@ -30,6 +34,8 @@ ABSL_FLAG(std::string, copies, "24,24,24,24,1",
 ABSL_FLAG(std::string, dtype, "bf16", "bf16 or f32");
 ABSL_FLAG(int32_t, max_m, 8, "largest M measured");
 ABSL_FLAG(int32_t, repeats, 7, "measurements per kernel and M (the median is printed)");
+ABSL_FLAG(std::string, quantize, "none",
+          "none, or int8 / int4: time the quantized kernel on weights packed that way");
 
 namespace kiln {
 namespace {
@@ -64,13 +70,68 @@ std::vector<Shape> ParseShapes() {
   return shapes;
 }
 
+// The quantized kernel alone, M = 1..max_m: GB/s of its packed bytes (scales included) and that
+// over the read bandwidth probed just before the shape.
+int QuantizedMain(Backend& backend, Quantization quantization, int max_m, int repeats) {
+  std::printf("backend %s, %s weights\n", std::string(backend.description()).c_str(),
+              std::string(QuantizationName(quantization)).c_str());
+  std::printf("%-14s %6s %2s %10s %10s %8s\n", "K x N", "copies", "M", "GB/s", "probe GB/s",
+              "÷ probe");
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  for (const Shape& shape : ParseShapes()) {
+    std::vector<float> weight(static_cast<size_t>(shape.k * shape.n));
+    for (float& v : weight) v = normal(rng) * 0.05f;
+    std::vector<std::unique_ptr<PackedLinear>> linears;
+    double bytes = 0;
+    for (int c = 0; c < shape.copies; ++c) {
+      LinearPackSpec spec;
+      spec.name = "bench";
+      spec.compute_dtype = DType::kBF16;
+      spec.quantization = quantization;
+      spec.row_blocks.push_back(WeightView{DType::kF32, shape.n, shape.k,
+                                           reinterpret_cast<const std::byte*>(weight.data())});
+      absl::StatusOr<std::unique_ptr<PackedLinear>> packed = backend.PackLinear(spec);
+      CHECK(packed.ok()) << packed.status();
+      CHECK((*packed)->quantization() == quantization)
+          << "packed as " << (*packed)->kernel_name() << ", not quantized";
+      bytes += static_cast<double>((*packed)->packed_bytes());
+      linears.push_back(*std::move(packed));
+    }
+    std::vector<float> x(static_cast<size_t>(max_m * shape.k));
+    for (float& v : x) v = normal(rng);
+    std::vector<float> y(static_cast<size_t>(max_m * shape.n));
+    const double bandwidth = bench::MeasureReadBandwidth(2);
+    for (int m = 1; m <= max_m; ++m) {
+      auto pass = [&] {
+        const auto start = Clock::now();
+        for (const auto& linear : linears)
+          CHECK(cpu::RunLinear(*linear, x.data(), m, y.data()).ok());
+        return Seconds(start);
+      };
+      pass();
+      std::vector<double> times;
+      for (int r = 0; r < repeats; ++r) times.push_back(pass());
+      const double rate = bytes / Median(times);
+      std::printf("%6ldx%-7ld %6d %2d %10.1f %10.1f %8.2f\n", shape.k, shape.n, shape.copies, m,
+                  rate / 1e9, bandwidth / 1e9, rate / bandwidth);
+    }
+  }
+  return 0;
+}
+
 int Main() {
+  absl::StatusOr<Quantization> quantization = ParseQuantization(absl::GetFlag(FLAGS_quantize));
+  CHECK(quantization.ok()) << quantization.status();
   const DType dtype = absl::GetFlag(FLAGS_dtype) == "f32" ? DType::kF32 : DType::kBF16;
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
   const int max_m =
       std::clamp(absl::GetFlag(FLAGS_max_m), 1, static_cast<int>(cpu::kSmallMMaxRows));
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu");
   CHECK(backend.ok()) << backend.status();
+  if (*quantization != Quantization::kNone) {
+    return QuantizedMain(**backend, *quantization, max_m, repeats);
+  }
   std::printf("backend %s, %s weights\n", std::string((*backend)->description()).c_str(),
               std::string(DTypeName(dtype)).c_str());
   std::printf("%-14s %6s %2s %12s %12s %8s %8s %10s\n", "K x N", "copies", "M", "small-M GB/s",

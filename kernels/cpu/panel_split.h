@@ -69,11 +69,16 @@ void ForStreamGroups(int64_t begin, int64_t end, Group&& group) {
 // kernel that reads `streams` panels side by side gets chunks of a multiple of `streams` where
 // that still leaves at least four chunks per thread; otherwise the chunk keeps its size and
 // the kernel reads fewer streams (a 14-panel down projection in chunks of 4 left one thread 8
-// panels and the other 6).
+// panels and the other 6). A weight of less than two chunks per thread is split evenly, one chunk
+// each (int4's 28-panel o projection in chunks of 16 left one thread 16 panels and the other 12).
 inline int64_t PanelsPerChunk(int64_t panels, int64_t panel_bytes, int threads,
                               int64_t streams = 1) {
   const int64_t chunk =
       std::max<int64_t>(1, (int64_t{256} << 10) / std::max<int64_t>(1, panel_bytes));
+  if (threads > 1) {
+    const int64_t per_thread = (panels + threads - 1) / threads;
+    if (per_thread < 2 * chunk) return std::max<int64_t>(per_thread, 1);
+  }
   const int64_t rounded = (chunk + streams - 1) / streams * streams;
   return panels >= rounded * 4 * std::max(threads, 1) ? rounded : chunk;
 }

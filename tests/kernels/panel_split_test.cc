@@ -40,7 +40,8 @@ TEST(PanelSplitTest, EveryPanelRunsOnceInChunkSizedRanges) {
 }
 
 // Chunks are about 256 KiB; a multiple of the streams a kernel reads only where that leaves
-// every thread at least four chunks, so that few large panels still split evenly.
+// every thread at least four chunks, so that few large panels still split evenly; under two
+// chunks a thread, one even chunk each.
 TEST(PanelSplitTest, ChunksRoundToStreamsOnlyWhereThereAreManyPanels) {
   constexpr int64_t kKiB = 1024;
   EXPECT_EQ(PanelsPerChunk(2374, 112 * kKiB, 2, 1), 2);  // the LM head's bf16 panels
@@ -51,7 +52,12 @@ TEST(PanelSplitTest, ChunksRoundToStreamsOnlyWhereThereAreManyPanels) {
   EXPECT_EQ(PanelsPerChunk(14, 608 * kKiB, 1, 4), 1);
   EXPECT_EQ(PanelsPerChunk(100, 16 * kKiB, 2, 4), 16);  // small panels: already a multiple
   EXPECT_EQ(PanelsPerChunk(100, 24 * kKiB, 2, 4), 12);  // 10 of 24 KiB, rounded up to 12
-  EXPECT_EQ(PanelsPerChunk(100, 0, 0, 1), 262144);      // no division by zero
+  // Under two chunks per thread: one even chunk each (int4's o and qkv projections).
+  EXPECT_EQ(PanelsPerChunk(28, 16 * kKiB, 2, 4), 14);
+  EXPECT_EQ(PanelsPerChunk(36, 16 * kKiB, 2, 4), 18);
+  EXPECT_EQ(PanelsPerChunk(3, 16 * kKiB, 2, 4), 2);
+  EXPECT_EQ(PanelsPerChunk(36, 16 * kKiB, 1, 4), 16);  // one thread: chunks as ever
+  EXPECT_EQ(PanelsPerChunk(100, 0, 0, 1), 262144);     // no division by zero
 }
 
 // Stream groups: every panel once; within a group the runs are equally long and side by side
