@@ -70,6 +70,28 @@ std::vector<Shape> ParseShapes() {
   return shapes;
 }
 
+// `shape.copies` linears packed from one weight drawn from `normal` (σ 0.05).
+std::vector<std::unique_ptr<PackedLinear>> PackCopies(Backend& backend, const Shape& shape,
+                                                      DType dtype, Quantization quantization,
+                                                      std::mt19937& rng,
+                                                      std::normal_distribution<float>& normal) {
+  std::vector<float> weight(static_cast<size_t>(shape.k * shape.n));
+  for (float& v : weight) v = normal(rng) * 0.05f;
+  std::vector<std::unique_ptr<PackedLinear>> linears;
+  for (int c = 0; c < shape.copies; ++c) {
+    LinearPackSpec spec;
+    spec.name = "bench";
+    spec.compute_dtype = dtype;
+    spec.quantization = quantization;
+    spec.row_blocks.push_back(WeightView{DType::kF32, shape.n, shape.k,
+                                         reinterpret_cast<const std::byte*>(weight.data())});
+    absl::StatusOr<std::unique_ptr<PackedLinear>> packed = backend.PackLinear(spec);
+    CHECK(packed.ok()) << packed.status();
+    linears.push_back(*std::move(packed));
+  }
+  return linears;
+}
+
 // The quantized kernel alone, M = 1..max_m: GB/s of its packed bytes (scales included) and that
 // over the read bandwidth probed just before the shape.
 int QuantizedMain(Backend& backend, Quantization quantization, int max_m, int repeats) {
@@ -80,23 +102,13 @@ int QuantizedMain(Backend& backend, Quantization quantization, int max_m, int re
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const Shape& shape : ParseShapes()) {
-    std::vector<float> weight(static_cast<size_t>(shape.k * shape.n));
-    for (float& v : weight) v = normal(rng) * 0.05f;
-    std::vector<std::unique_ptr<PackedLinear>> linears;
+    const std::vector<std::unique_ptr<PackedLinear>> linears =
+        PackCopies(backend, shape, DType::kBF16, quantization, rng, normal);
     double bytes = 0;
-    for (int c = 0; c < shape.copies; ++c) {
-      LinearPackSpec spec;
-      spec.name = "bench";
-      spec.compute_dtype = DType::kBF16;
-      spec.quantization = quantization;
-      spec.row_blocks.push_back(WeightView{DType::kF32, shape.n, shape.k,
-                                           reinterpret_cast<const std::byte*>(weight.data())});
-      absl::StatusOr<std::unique_ptr<PackedLinear>> packed = backend.PackLinear(spec);
-      CHECK(packed.ok()) << packed.status();
-      CHECK((*packed)->quantization() == quantization)
-          << "packed as " << (*packed)->kernel_name() << ", not quantized";
-      bytes += static_cast<double>((*packed)->packed_bytes());
-      linears.push_back(*std::move(packed));
+    for (const auto& linear : linears) {
+      CHECK(linear->quantization() == quantization)
+          << "packed as " << linear->kernel_name() << ", not quantized";
+      bytes += static_cast<double>(linear->packed_bytes());
     }
     std::vector<float> x(static_cast<size_t>(max_m * shape.k));
     for (float& v : x) v = normal(rng);
@@ -139,19 +151,8 @@ int Main() {
   std::mt19937 rng(7);
   std::normal_distribution<float> normal(0.0f, 1.0f);
   for (const Shape& shape : ParseShapes()) {
-    std::vector<float> weight(static_cast<size_t>(shape.k * shape.n));
-    for (float& v : weight) v = normal(rng) * 0.05f;
-    std::vector<std::unique_ptr<PackedLinear>> linears;
-    for (int c = 0; c < shape.copies; ++c) {
-      LinearPackSpec spec;
-      spec.name = "bench";
-      spec.compute_dtype = dtype;
-      spec.row_blocks.push_back(WeightView{DType::kF32, shape.n, shape.k,
-                                           reinterpret_cast<const std::byte*>(weight.data())});
-      absl::StatusOr<std::unique_ptr<PackedLinear>> packed = (*backend)->PackLinear(spec);
-      CHECK(packed.ok()) << packed.status();
-      linears.push_back(*std::move(packed));
-    }
+    const std::vector<std::unique_ptr<PackedLinear>> linears =
+        PackCopies(**backend, shape, dtype, Quantization::kNone, rng, normal);
     if (!cpu::HasSmallMKernel(*linears[0])) {
       std::printf("%6ldx%-7ld no small-M kernel for this layout/CPU (%s)\n", shape.k, shape.n,
                   linears[0]->kernel_name().c_str());
