@@ -15,9 +15,12 @@
 namespace kiln {
 
 // The KV pool every sequence of a step reads and writes: `num_blocks` fixed-size blocks in
-// backend memory, each holding `block_size` positions of every layer as fp32
-// [layers][keys, values][block_size][kv_dim]. A sequence's block table lists its blocks in
-// position order: position p lives in block table[p / block_size] at row p % block_size.
+// backend memory, each holding `block_size` positions of every layer as fp32, per layer the keys
+// and then the values: [layers][keys, values][block_size · kv_dim]. Keys are stored transposed,
+// [kv_dim][block_size], so that one key dimension of a block's positions is contiguous (a vector of
+// 16 scores on a CPU, a coalesced read on a GPU); values are rows, [block_size][kv_dim]. A
+// sequence's block table lists its blocks in position order: position p lives in block
+// table[p / block_size] at offset p % block_size.
 struct KvPoolRef {
   float* data = nullptr;
   Device device;
@@ -27,11 +30,14 @@ struct KvPoolRef {
   int64_t kv_dim = 0;  // num_key_value_heads × head_dim
 
   int64_t block_floats() const { return layers * 2 * block_size * kv_dim; }
-  // The first key (which = 0) or value (which = 1) row of `layer` in `block`; the block's rows
-  // follow it contiguously.
+  // The keys (which = 0) or values (which = 1) of `layer` in `block`: block_size · kv_dim floats.
   float* rows(int32_t block, int64_t layer, int which) const {
     return data + block * block_floats() + (layer * 2 + which) * block_size * kv_dim;
   }
+  // Where value i (0 ≤ i < kv_dim) of the position at `offset` in a block lies in rows(…, 0)
+  // (the keys) or rows(…, 1) (the values).
+  int64_t key_index(int64_t offset, int64_t i) const { return i * block_size + offset; }
+  int64_t value_index(int64_t offset, int64_t i) const { return offset * kv_dim + i; }
 };
 
 // The rows of one sequence in a step: rows [first_row, first_row + rows) hold its new tokens at

@@ -1,8 +1,9 @@
 // Causal attention over the paged KV pool (kernels/cpu/ops.h). The AVX-512 path works on tiles:
 // the query heads that share one KV head, for a few consecutive tokens, meet each chunk of 64
 // keys together, so each key and value row is read once per tile rather than once per head and
-// token. A chunk's keys are transposed in registers 16 at a time, so scores come 16 keys to a
-// vector, and the softmax is taken online (flash-attention style) with a vectorized exp.
+// token. The pool stores keys transposed (kernels/step.h), so one dimension of 16 positions is a
+// vector and scores come 16 keys to a vector straight from it; the softmax is taken online
+// (flash-attention style) with a vectorized exp.
 
 // GCC 12 reports the _mm512_undefined_ps() pass-through operand inside its own intrinsics as
 // (maybe-)uninitialized once they inline into a target("...") function (the unmasked forms do not
@@ -58,13 +59,12 @@ void PortableAttention(const AttentionShape& shape, const float* q, int64_t q_st
         float max_score = -std::numeric_limits<float>::infinity();
         // Block by block: the rows inside a block are contiguous.
         for (int64_t first = 0, b = 0; first < len; first += block_size, ++b) {
-          const float* keys = kv.keys(b) + kv_offset;
+          const float* keys = kv.keys(b) + kv_offset * block_size;  // transposed
           const int64_t end = std::min(len - first, block_size);
           for (int64_t o = 0; o < end; ++o) {
-            const float* kr = keys + o * kv_dim;
             float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-            for (int64_t i = 0; i < head_dim; ++i) dot += qv[i] * kr[i];
+            for (int64_t i = 0; i < head_dim; ++i) dot += qv[i] * keys[i * block_size + o];
             scores[first + o] = dot * scale;
             max_score = std::max(max_score, scores[first + o]);
           }
@@ -108,13 +108,15 @@ struct Tile {
   int64_t kv_head = 0;
 };
 
-// Scores of `R` rows against one sub-block: s[r] = Σ_d q[r][d] · keys_t[d], summed in 4 chains
+// Scores of `R` rows against one sub-block of 16 keys, whose dimension d is the vector at
+// keys_t + d·key_stride: s[r] = Σ_d q[r][d] · keys_t[d], summed in 4 chains
 // (d mod 4) both for latency and so that rounding grows with head_dim / 4, not head_dim. The order
 // is the same whatever R is: a row's scores do not depend on the rows beside it in its tile, so
 // verifying k tokens gives each the same result as decoding it alone.
 template <int R>
 KILN_AVX512_TARGET KILN_ALWAYS_INLINE void ChunkScores(const float* q, int64_t head_dim,
-                                                       const float* keys_t, __m512* s) {
+                                                       const float* keys_t, int64_t key_stride,
+                                                       __m512* s) {
   constexpr int kChains = 4;  // head_dim is a multiple of 16
   __m512 chain[R][kChains];
   KILN_UNROLL
@@ -125,7 +127,7 @@ KILN_AVX512_TARGET KILN_ALWAYS_INLINE void ChunkScores(const float* q, int64_t h
   for (int64_t d = 0; d < head_dim; d += kChains) {
     KILN_UNROLL
     for (int c = 0; c < kChains; ++c) {
-      const __m512 k = _mm512_load_ps(keys_t + (d + c) * kLanes);
+      const __m512 k = _mm512_loadu_ps(keys_t + (d + c) * key_stride);
       KILN_UNROLL
       for (int r = 0; r < R; ++r) {
         chain[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * head_dim + d + c]), k, chain[r][c]);
@@ -184,16 +186,16 @@ KILN_AVX512_TARGET void ChunkValuesRows(const float* const* values, int64_t coun
 
 // ChunkScores for n ≤ 4 rows.
 KILN_AVX512_TARGET void Scores(int64_t n, const float* q, int64_t head_dim, const float* keys_t,
-                               __m512* s) {
+                               int64_t key_stride, __m512* s) {
   switch (n) {
     case 4:
-      return ChunkScores<4>(q, head_dim, keys_t, s);
+      return ChunkScores<4>(q, head_dim, keys_t, key_stride, s);
     case 3:
-      return ChunkScores<3>(q, head_dim, keys_t, s);
+      return ChunkScores<3>(q, head_dim, keys_t, key_stride, s);
     case 2:
-      return ChunkScores<2>(q, head_dim, keys_t, s);
+      return ChunkScores<2>(q, head_dim, keys_t, key_stride, s);
     default:
-      return ChunkScores<1>(q, head_dim, keys_t, s);
+      return ChunkScores<1>(q, head_dim, keys_t, key_stride, s);
   }
 }
 
@@ -232,30 +234,43 @@ KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int
   const int64_t keys = first_pos + tile.tokens;
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
-  const float* key_rows[kKeysPerChunk];
+  const bool direct_keys = block_size % kLanes == 0;
   const float* value_rows[kKeysPerChunk];
   for (int64_t k0 = 0; k0 < keys; k0 += kKeysPerChunk) {
     const int64_t count = std::min(kKeysPerChunk, keys - k0);
     const int64_t sub_blocks = (count + kLanes - 1) / kLanes;
-    for (int64_t j = 0; j < count; ++j) {
-      const int64_t p = k0 + j;
-      const int64_t within = (p % block_size) * kv_dim + kv_offset;
-      key_rows[j] = kv.keys(p / block_size) + within;
-      value_rows[j] = kv.values(p / block_size) + within;
+    // Value rows block by block: one division per block, not per key.
+    for (int64_t p = k0; p < k0 + count;) {
+      const int64_t offset = p % block_size;
+      const int64_t n = std::min(block_size - offset, k0 + count - p);
+      const float* row = kv.values(p / block_size) + offset * kv_dim + kv_offset;
+      for (int64_t i = 0; i < n; ++i) value_rows[p - k0 + i] = row + i * kv_dim;
+      p += n;
     }
-    // keys_t[b][d][16]: dimension d of keys 16b .. 16b+15.
-    for (int64_t b = 0; b < sub_blocks; ++b) {
-      float* sub_t = keys_t + b * head_dim * kLanes;
-      for (int64_t d = 0; d < head_dim; d += kLanes) {
-        __m512 block[kLanes];
-        KILN_UNROLL
+    // Sub-block b (keys 16b .. 16b+15 of the chunk) as 16-key vectors, dimension d at
+    // key_t[b] + d·key_stride: read where they lie when a block holds whole sub-blocks (the pool
+    // stores keys transposed), else gathered into keys_t first.
+    const float* key_t[kSubBlocks];
+    int64_t key_stride = block_size;
+    if (direct_keys) {
+      for (int64_t b = 0; b < sub_blocks; ++b) {
+        const int64_t p = k0 + b * kLanes;
+        key_t[b] = kv.keys(p / block_size) + kv_offset * block_size + p % block_size;
+      }
+    } else {
+      key_stride = kLanes;
+      for (int64_t b = 0; b < sub_blocks; ++b) {
+        float* sub_t = keys_t + b * head_dim * kLanes;
+        key_t[b] = sub_t;
         for (int64_t j = 0; j < kLanes; ++j) {
-          const int64_t key = b * kLanes + j;
-          block[j] = key < count ? _mm512_loadu_ps(key_rows[key] + d) : _mm512_setzero_ps();
+          const int64_t p = k0 + b * kLanes + j;
+          if (p - k0 >= count) {
+            for (int64_t d = 0; d < head_dim; ++d) sub_t[d * kLanes + j] = 0.0f;
+            continue;
+          }
+          const float* key = kv.keys(p / block_size) + kv_offset * block_size + p % block_size;
+          for (int64_t d = 0; d < head_dim; ++d) sub_t[d * kLanes + j] = key[d * block_size];
         }
-        Transpose16x16(block);
-        KILN_UNROLL
-        for (int c = 0; c < kLanes; ++c) _mm512_store_ps(sub_t + (d + c) * kLanes, block[c]);
       }
     }
     // Scores, mask, and the online softmax update of each row.
@@ -264,7 +279,7 @@ KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int
       const int64_t n = std::min<int64_t>(4, rows - r0);
       const float* qr = st.q.data() + r0 * head_dim;
       for (int64_t b = 0; b < sub_blocks; ++b) {
-        Scores(n, qr, head_dim, keys_t + b * head_dim * kLanes, s[b]);
+        Scores(n, qr, head_dim, key_t[b], key_stride, s[b]);
       }
       for (int64_t i = 0; i < n; ++i) {
         const int64_t r = r0 + i;

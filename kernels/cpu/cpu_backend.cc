@@ -119,9 +119,9 @@ class CpuContext final : public ExecutionContext {
     const int64_t q_dim = shape.q_dim();
     const int64_t kv_dim = shape.kv_dim();
     float* rows = qkv.f32();
-    cpu::ApplyRope(rows, s.rows(), qkv.row_stride, shape.n_heads, shape.head_dim,
-                   s.positions.data(), inv_freq.f32());
-    cpu::ApplyRope(rows + q_dim, s.rows(), qkv.row_stride, shape.n_kv_heads, shape.head_dim,
+    // The k heads follow the q heads in each row: one pass rotates both, with one set of
+    // angles per row.
+    cpu::ApplyRope(rows, s.rows(), qkv.row_stride, shape.n_heads + shape.n_kv_heads, shape.head_dim,
                    s.positions.data(), inv_freq.f32());
     const int64_t block_size = s.pool.block_size;
     for (const StepSequence& seq : s.sequences) {
@@ -129,10 +129,12 @@ class CpuContext final : public ExecutionContext {
       for (int64_t t = 0; t < seq.rows; ++t) {
         const int64_t p = seq.start_position + t;
         const int32_t block = table[p / block_size];
-        const int64_t offset = (p % block_size) * kv_dim;
+        const int64_t offset = p % block_size;
         const float* src = rows + (seq.first_row + t) * qkv.row_stride + q_dim;
-        std::copy(src, src + kv_dim, s.pool.rows(block, layer, 0) + offset);
-        std::copy(src + kv_dim, src + 2 * kv_dim, s.pool.rows(block, layer, 1) + offset);
+        float* keys = s.pool.rows(block, layer, 0);
+        for (int64_t i = 0; i < kv_dim; ++i) keys[s.pool.key_index(offset, i)] = src[i];
+        std::copy(src + kv_dim, src + 2 * kv_dim,
+                  s.pool.rows(block, layer, 1) + s.pool.value_index(offset, 0));
       }
     }
     return absl::OkStatus();

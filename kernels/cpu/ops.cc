@@ -66,8 +66,19 @@ void ApplyRope(float* x, int64_t n_tokens, int64_t row_stride, int64_t n_heads, 
   const int64_t half = head_dim / 2;
 #pragma omp parallel if (n_tokens > 1 && n_tokens * n_heads * head_dim >= kParallelElements)
   {
-    std::vector<float> cos(static_cast<size_t>(half));
-    std::vector<float> sin(static_cast<size_t>(half));
+    // The angles of one row: on the stack for the usual head sizes (a decode step calls this
+    // once a layer, and an allocation costs as much as the rotation).
+    constexpr int64_t kStackHalf = 256;
+    float cos_stack[kStackHalf], sin_stack[kStackHalf];
+    std::vector<float> cos_heap, sin_heap;
+    float* cos = cos_stack;
+    float* sin = sin_stack;
+    if (half > kStackHalf) {
+      cos_heap.resize(static_cast<size_t>(half));
+      sin_heap.resize(static_cast<size_t>(half));
+      cos = cos_heap.data();
+      sin = sin_heap.data();
+    }
 #pragma omp for schedule(static)
     for (int64_t t = 0; t < n_tokens; ++t) {
       const float pos = static_cast<float>(positions[t]);
@@ -80,8 +91,8 @@ void ApplyRope(float* x, int64_t n_tokens, int64_t row_stride, int64_t n_heads, 
       for (int64_t h = 0; h < n_heads; ++h) {
         float* x1 = row + h * head_dim;
         float* x2 = x1 + half;
-        const float* c = cos.data();
-        const float* s = sin.data();
+        const float* c = cos;
+        const float* s = sin;
 #pragma omp simd
         for (int64_t i = 0; i < half; ++i) {
           const float a = x1[i];

@@ -40,8 +40,8 @@ void Add(float* y, int64_t y_stride, const float* x, int64_t x_stride, int64_t r
 void EmbeddingLookup(const WeightView& table, const int32_t* ids, int64_t n, float* out,
                      int64_t out_stride);
 
-// One layer of one sequence in the KV pool: position p's key row is at
-// keys(table[p / block_size]) + (p % block_size)·kv_dim, likewise its value row.
+// One layer of one sequence in the KV pool: position p lies in block table[p / block_size] at
+// offset p % block_size of keys() and values(), laid out as KvPoolRef says (keys transposed).
 struct PagedKv {
   KvPoolRef pool;
   const int32_t* table = nullptr;

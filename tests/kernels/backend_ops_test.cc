@@ -109,13 +109,15 @@ class BackendOpsTest : public testing::TestWithParam<std::string> {
     return Download(TensorView::Matrix(pool_.data, DType::kF32, backend_->device(), 1,
                                        pool_.num_blocks * pool_.block_floats()));
   }
-  // Index in DownloadPool() of the key (which = 0) or value row of `position` in `layer`.
-  size_t PoolIndex(const std::vector<int32_t>& table, int64_t layer, int which,
-                   int64_t position) const {
+  // Index in DownloadPool() of value i (0 ≤ i < kv_dim) of the key (which = 0) or value of
+  // `position` in `layer`: keys are stored transposed, [kv_dim][block_size] (kernels/step.h).
+  size_t PoolIndex(const std::vector<int32_t>& table, int64_t layer, int which, int64_t position,
+                   int64_t i) const {
     const int64_t block = table[static_cast<size_t>(position / pool_.block_size)];
+    const int64_t offset = position % pool_.block_size;
     return static_cast<size_t>(
-        block * pool_.block_floats() +
-        ((layer * 2 + which) * pool_.block_size + position % pool_.block_size) * pool_.kv_dim);
+        block * pool_.block_floats() + (layer * 2 + which) * pool_.block_size * pool_.kv_dim +
+        (which == 0 ? pool_.key_index(offset, i) : pool_.value_index(offset, i)));
   }
 
   // A step of one sequence per (rows, start) pair, each with its block table.
@@ -424,8 +426,9 @@ double Rotated(const float* head, int64_t j, int64_t head_dim, int32_t position,
 }
 
 // Block sizes of the KV pool the attention tests page through: one position per block, a
-// typical 16, and 5 (blocks that do not divide the sequences' lengths).
-constexpr int64_t kBlockSizes[] = {1, 16, 5};
+// typical 16, 5 (blocks that do not divide the sequences' lengths) and 32 (a 64-key chunk of
+// attention spanning two blocks).
+constexpr int64_t kBlockSizes[] = {1, 16, 5, 32};
 
 TEST_P(BackendOpsTest, RopeAndAppendKvRotatesAndWritesThePool) {
   const int64_t layers = 2;
@@ -474,9 +477,8 @@ TEST_P(BackendOpsTest, RopeAndAppendKvRotatesAndWritesThePool) {
           const int64_t row = seq.first_row + t;
           const int64_t p = seq.start_position + t;
           for (int64_t i = 0; i < shape.kv_dim(); ++i) {
-            expected[PoolIndex(tables[s], layer, 0, p) + static_cast<size_t>(i)] =
-                got[row * qkv_dim + shape.q_dim() + i];
-            expected[PoolIndex(tables[s], layer, 1, p) + static_cast<size_t>(i)] =
+            expected[PoolIndex(tables[s], layer, 0, p, i)] = got[row * qkv_dim + shape.q_dim() + i];
+            expected[PoolIndex(tables[s], layer, 1, p, i)] =
                 x[row * qkv_dim + shape.q_dim() + shape.kv_dim() + i];
           }
         }
@@ -522,14 +524,14 @@ TEST_P(BackendOpsTest, AttentionThroughBlockTablesMatchesNaiveReference) {
           const int64_t row = seq.first_row + t;
           const int64_t len = seq.start_position + t + 1;
           for (int64_t h = 0; h < c.n_heads; ++h) {
-            const size_t kv_offset = static_cast<size_t>((h / group) * c.head_dim);
+            const int64_t kv_offset = (h / group) * c.head_dim;
             std::vector<double> scores(static_cast<size_t>(len));
             double max_score = -1e300;
             for (int64_t p = 0; p < len; ++p) {
-              const float* key = contents.data() + PoolIndex(tables[s], layer, 0, p) + kv_offset;
               double dot = 0.0;
               for (int64_t i = 0; i < c.head_dim; ++i) {
-                dot += static_cast<double>(x[row * qkv_dim + h * c.head_dim + i]) * key[i];
+                dot += static_cast<double>(x[row * qkv_dim + h * c.head_dim + i]) *
+                       contents[PoolIndex(tables[s], layer, 0, p, kv_offset + i)];
               }
               scores[static_cast<size_t>(p)] = dot * shape.scale;
               max_score = std::max(max_score, scores[static_cast<size_t>(p)]);
@@ -539,9 +541,8 @@ TEST_P(BackendOpsTest, AttentionThroughBlockTablesMatchesNaiveReference) {
             for (int64_t i = 0; i < c.head_dim; ++i) {
               double expected = 0.0;
               for (int64_t p = 0; p < len; ++p) {
-                const float* value =
-                    contents.data() + PoolIndex(tables[s], layer, 1, p) + kv_offset;
-                expected += scores[static_cast<size_t>(p)] / sum * value[i];
+                expected += scores[static_cast<size_t>(p)] / sum *
+                            contents[PoolIndex(tables[s], layer, 1, p, kv_offset + i)];
               }
               ASSERT_NEAR(got[row * out.row_stride + h * c.head_dim + i], expected, 6e-6)
                   << "row " << row << " head " << h << " i " << i;
