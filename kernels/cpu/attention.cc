@@ -57,17 +57,13 @@ void PortableAttention(const AttentionShape& shape, const float* q, int64_t q_st
         const int64_t kv_offset = (h / group) * head_dim;
         const int64_t len = start_pos + t + 1;  // causal: keys 0 .. start_pos + t
         float max_score = -std::numeric_limits<float>::infinity();
-        // Block by block: the rows inside a block are contiguous.
-        for (int64_t first = 0, b = 0; first < len; first += block_size, ++b) {
-          const float* keys = kv.keys(b) + kv_offset * block_size;  // transposed
-          const int64_t end = std::min(len - first, block_size);
-          for (int64_t o = 0; o < end; ++o) {
-            float dot = 0.0f;
+        for (int64_t p = 0; p < len; ++p) {
+          const float* key = kv.key(p, kv_offset);  // transposed: dimensions block_size apart
+          float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-            for (int64_t i = 0; i < head_dim; ++i) dot += qv[i] * keys[i * block_size + o];
-            scores[first + o] = dot * scale;
-            max_score = std::max(max_score, scores[first + o]);
-          }
+          for (int64_t i = 0; i < head_dim; ++i) dot += qv[i] * key[i * block_size];
+          scores[p] = dot * scale;
+          max_score = std::max(max_score, scores[p]);
         }
         float sum = 0.0f;
         for (int64_t p = 0; p < len; ++p) {
@@ -76,6 +72,7 @@ void PortableAttention(const AttentionShape& shape, const float* q, int64_t q_st
         }
         float* a = acc.data();
         std::fill(acc.begin(), acc.end(), 0.0f);
+        // Block by block: the rows inside a block are contiguous.
         for (int64_t first = 0, b = 0; first < len; first += block_size, ++b) {
           const float* values = kv.values(b) + kv_offset;
           const int64_t end = std::min(len - first, block_size);
@@ -243,7 +240,7 @@ KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int
     for (int64_t p = k0; p < k0 + count;) {
       const int64_t offset = p % block_size;
       const int64_t n = std::min(block_size - offset, k0 + count - p);
-      const float* row = kv.values(p / block_size) + offset * kv_dim + kv_offset;
+      const float* row = kv.value(p, kv_offset);
       for (int64_t i = 0; i < n; ++i) value_rows[p - k0 + i] = row + i * kv_dim;
       p += n;
     }
@@ -255,7 +252,7 @@ KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int
     if (direct_keys) {
       for (int64_t b = 0; b < sub_blocks; ++b) {
         const int64_t p = k0 + b * kLanes;
-        key_t[b] = kv.keys(p / block_size) + kv_offset * block_size + p % block_size;
+        key_t[b] = kv.key(p, kv_offset);
       }
     } else {
       key_stride = kLanes;
@@ -268,7 +265,7 @@ KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int
             for (int64_t d = 0; d < head_dim; ++d) sub_t[d * kLanes + j] = 0.0f;
             continue;
           }
-          const float* key = kv.keys(p / block_size) + kv_offset * block_size + p % block_size;
+          const float* key = kv.key(p, kv_offset);
           for (int64_t d = 0; d < head_dim; ++d) sub_t[d * kLanes + j] = key[d * block_size];
         }
       }

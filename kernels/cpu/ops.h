@@ -49,6 +49,15 @@ struct PagedKv {
 
   const float* keys(int64_t block) const { return pool.rows(table[block], layer, 0); }
   const float* values(int64_t block) const { return pool.rows(table[block], layer, 1); }
+  // Key value i of position p; value i + 1 lies pool.block_size floats further on (transposed).
+  const float* key(int64_t p, int64_t i) const {
+    return keys(p / pool.block_size) + pool.key_index(p % pool.block_size, i);
+  }
+  // Value i of position p; values i + 1 .. kv_dim − 1 follow it, then position p + 1's row
+  // (within the block).
+  const float* value(int64_t p, int64_t i) const {
+    return values(p / pool.block_size) + pool.value_index(p % pool.block_size, i);
+  }
 };
 
 // Causal grouped-query attention for n_tokens new queries of one sequence at absolute
