@@ -27,6 +27,7 @@
 #include "clients/synth.h"
 #include "kernels/backend_registry.h"
 #include "loaders/load_model.h"
+#include "models/kv_pool.h"
 
 ABSL_FLAG(std::string, preset, "qwen2.5-0.5b", "model shape (kiln synth preset)");
 ABSL_FLAG(std::string, dtype, "bf16", "weight dtype: bf16 or f32");
@@ -36,6 +37,8 @@ ABSL_FLAG(int32_t, decode_tokens, 128, "tokens decoded at batch 1");
 ABSL_FLAG(int32_t, repeats, 3, "repetitions per measurement (the median is printed)");
 ABSL_FLAG(std::string, backend, "cpu", "compute backend (kernels/backend_registry.h)");
 ABSL_FLAG(std::string, quantize, "", "weight quantization of the linears: none, int8 or int4");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "what the KV pool stores: auto (the model's compute dtype), f32 or bf16");
 ABSL_FLAG(std::string, checkpoint, "",
           "load this checkpoint (a directory or a .tensors file, e.g. one `kiln tensorize "
           "--prepack` wrote) instead of the synthesized --preset model");
@@ -165,6 +168,14 @@ int Main() {
            1;
   }
   load_options.quantize = *quantize;
+  absl::StatusOr<std::optional<DType>> kv_dtype =
+      ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype));
+  if (!kv_dtype.ok()) {
+    return std::fprintf(stderr, "--kv_cache_dtype: %s\n",
+                        std::string(kv_dtype.status().message()).c_str()),
+           1;
+  }
+  load_options.kv_pool.dtype = *kv_dtype;
   uint64_t file_bytes = 0;
   MeasureFileRead(dir, &file_bytes);  // warm the page cache
   std::vector<double> read_times, load_times;
@@ -189,6 +200,11 @@ int Main() {
           : absl::StrCat(" (", QuantizationName(model->quantization()), " in ",
                          model->quantized_linears(), " of ", model->linear_count(), " linears)")
                 .c_str());
+  std::printf("KV pool                   %s, %lld blocks of %lld positions (%.1f MB)\n",
+              std::string(DTypeApiName(model->kv_pool().dtype())).c_str(),
+              static_cast<long long>(model->kv_pool().num_blocks()),
+              static_cast<long long>(model->kv_pool().block_size()),
+              model->kv_pool().bytes() / 1e6);
   std::printf("read files once           %8.3f s (%.2f GB/s)\n", read_s, file_bytes / read_s / 1e9);
   std::printf(
       "load (open → prepared)    %8.3f s  = %.2f × reading the files "

@@ -214,10 +214,13 @@ int Main() {
   std::shared_ptr<const PreparedModel> model(std::move(*loaded));
   const ModelConfig& c = model->config();
   const int64_t layers = c.num_hidden_layers;
-  std::printf("kv_cache_bench: %s %s, %lld layers, kv_dim %lld (%lld bytes of K+V per position)\n",
-              preset.c_str(), absl::GetFlag(FLAGS_dtype).c_str(), static_cast<long long>(layers),
-              static_cast<long long>(c.kv_dim()),
-              static_cast<long long>(layers * 2 * c.kv_dim() * sizeof(float)));
+  const DType kv_dtype = model->kv_pool().dtype();
+  std::printf(
+      "kv_cache_bench: %s %s, %lld layers, kv_dim %lld (%lld bytes of %s K+V per position)\n",
+      preset.c_str(), absl::GetFlag(FLAGS_dtype).c_str(), static_cast<long long>(layers),
+      static_cast<long long>(c.kv_dim()),
+      static_cast<long long>(layers * 2 * c.kv_dim() * static_cast<int64_t>(DTypeSize(kv_dtype))),
+      std::string(DTypeApiName(kv_dtype)).c_str());
 
   // Capacity at a fixed budget.
   {
@@ -228,6 +231,7 @@ int Main() {
     const int64_t generated = absl::GetFlag(FLAGS_capacity_generated_tokens);
     KvPoolOptions pool_options;
     pool_options.bytes = budget;
+    pool_options.dtype = kv_dtype;  // as the model's own pool
     absl::StatusOr<std::shared_ptr<KvPool>> pool =
         KvPool::Create(*backend, layers, c.kv_dim(), pool_options);
     if (!pool.ok()) {

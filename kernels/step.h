@@ -11,28 +11,34 @@
 
 #include "absl/status/status.h"
 #include "kernels/buffer.h"
+#include "kernels/dtype.h"
 
 namespace kiln {
 
 // The KV pool every sequence of a step reads and writes: `num_blocks` fixed-size blocks in
-// backend memory, each holding `block_size` positions of every layer as fp32, per layer the keys
-// and then the values: [layers][keys, values][block_size · kv_dim]. Keys are stored transposed,
-// [kv_dim][block_size], so that one key dimension of a block's positions is contiguous (a vector of
-// 16 scores on a CPU, a coalesced read on a GPU); values are rows, [block_size][kv_dim]. A
-// sequence's block table lists its blocks in position order: position p lives in block
-// table[p / block_size] at offset p % block_size.
+// backend memory, each holding `block_size` positions of every layer as `dtype` (fp32, or bf16 for
+// half the memory and half the bytes each attention reads), per layer the keys and then the values:
+// [layers][keys, values][block_size · kv_dim]. Keys are stored transposed, [kv_dim][block_size], so
+// that one key dimension of a block's positions is contiguous (a vector of 16 scores on a CPU, a
+// coalesced read on a GPU); values are rows, [block_size][kv_dim]. A sequence's block table lists
+// its blocks in position order: position p lives in block table[p / block_size] at offset p %
+// block_size.
 struct KvPoolRef {
-  float* data = nullptr;
+  void* data = nullptr;
   Device device;
   int64_t num_blocks = 0;
   int64_t block_size = 0;  // positions per block
   int64_t layers = 0;
-  int64_t kv_dim = 0;  // num_key_value_heads × head_dim
+  int64_t kv_dim = 0;         // num_key_value_heads × head_dim
+  DType dtype = DType::kF32;  // kF32 or kBF16
 
-  int64_t block_floats() const { return layers * 2 * block_size * kv_dim; }
-  // The keys (which = 0) or values (which = 1) of `layer` in `block`: block_size · kv_dim floats.
-  float* rows(int32_t block, int64_t layer, int which) const {
-    return data + block * block_floats() + (layer * 2 + which) * block_size * kv_dim;
+  int64_t block_elements() const { return layers * 2 * block_size * kv_dim; }
+  // The keys (which = 0) or values (which = 1) of `layer` in `block`: block_size · kv_dim
+  // elements of T, which must be the pool's type (float for kF32, uint16_t bits for kBF16).
+  template <typename T>
+  T* rows(int32_t block, int64_t layer, int which) const {
+    return static_cast<T*>(data) + block * block_elements() +
+           (layer * 2 + which) * block_size * kv_dim;
   }
   // Where value i (0 ≤ i < kv_dim) of the position at `offset` in a block lies in rows(…, 0)
   // (the keys) or rows(…, 1) (the values).

@@ -38,9 +38,14 @@ absl::StatusOr<std::shared_ptr<KvPool>> KvPool::Create(Backend& backend, int64_t
         absl::StrCat("KV block size must be in [1, 4096], got ", options.block_size));
   }
   if (layers < 1 || kv_dim < 1) return absl::InvalidArgumentError("a KV pool needs layers");
+  const DType dtype = options.dtype.value_or(DType::kF32);
+  if (dtype != DType::kF32 && dtype != DType::kBF16) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("a KV pool holds f32 or bf16, not ", DTypeName(dtype)));
+  }
   const size_t block_bytes = static_cast<size_t>(layers) * 2 *
                              static_cast<size_t>(options.block_size) * static_cast<size_t>(kv_dim) *
-                             sizeof(float);
+                             DTypeSize(dtype);
   const uint64_t num_blocks = options.bytes / block_bytes;
   if (num_blocks < 1) {
     return absl::InvalidArgumentError(absl::StrCat("a KV pool of ", options.bytes,
@@ -56,16 +61,17 @@ absl::StatusOr<std::shared_ptr<KvPool>> KvPool::Create(Backend& backend, int64_t
                         absl::StrCat("KV pool of ", num_blocks * block_bytes, " bytes"));
   }
   return std::shared_ptr<KvPool>(new KvPool(std::move(*storage), static_cast<int64_t>(num_blocks),
-                                            options.block_size, layers, kv_dim));
+                                            options.block_size, layers, kv_dim, dtype));
 }
 
 KvPool::KvPool(DeviceBuffer storage, int64_t num_blocks, int64_t block_size, int64_t layers,
-               int64_t kv_dim)
+               int64_t kv_dim, DType dtype)
     : storage_(std::move(storage)),
       num_blocks_(num_blocks),
       block_size_(block_size),
       layers_(layers),
       kv_dim_(kv_dim),
+      dtype_(dtype),
       block_bytes_(storage_.size() / static_cast<size_t>(num_blocks)),
       blocks_(static_cast<size_t>(num_blocks)) {
   // Lowest ids first, so that a lightly used pool touches little of its memory.
@@ -74,12 +80,8 @@ KvPool::KvPool(DeviceBuffer storage, int64_t num_blocks, int64_t block_size, int
 }
 
 KvPoolRef KvPool::ref() const {
-  return KvPoolRef{reinterpret_cast<float*>(storage_.data()),
-                   storage_.device(),
-                   num_blocks_,
-                   block_size_,
-                   layers_,
-                   kv_dim_};
+  return KvPoolRef{storage_.data(), storage_.device(), num_blocks_, block_size_,
+                   layers_,         kv_dim_,           dtype_};
 }
 
 KvPoolStats KvPool::stats() const {
@@ -168,12 +170,22 @@ void KvPool::Cache(int32_t id, const BlockHash& hash) {
   block.hash = hash;
 }
 
+absl::StatusOr<std::optional<DType>> ParseKvCacheDType(absl::string_view name) {
+  if (name.empty() || name == "auto") return std::nullopt;
+  absl::StatusOr<DType> dtype = ParseDTypeApiName(name);
+  if (!dtype.ok() || (*dtype != DType::kF32 && *dtype != DType::kBF16)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("kv_cache_dtype must be \"auto\", \"f32\" or \"bf16\", got \"", name, "\""));
+  }
+  return *dtype;
+}
+
 uint64_t KvPoolDefaultBytes(const Backend& backend, int64_t layers, int64_t kv_dim,
-                            int64_t sequences, int64_t context) {
+                            int64_t sequences, int64_t context, DType dtype) {
   const uint64_t wanted = static_cast<uint64_t>(std::max<int64_t>(1, sequences)) *
                           static_cast<uint64_t>(std::max<int64_t>(1, context)) *
                           static_cast<uint64_t>(layers) * 2 * static_cast<uint64_t>(kv_dim) *
-                          sizeof(float);
+                          DTypeSize(dtype);
   const uint64_t available = backend.available_memory();
   return available == 0 ? wanted : std::min(wanted, available / 4);
 }

@@ -18,8 +18,10 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "kernels/backend.h"
+#include "kernels/dtype.h"
 
 namespace kiln {
 
@@ -28,7 +30,15 @@ struct KvPoolOptions {
   uint64_t bytes = 0;              // the pool's budget; 0 = a default (see KvPoolDefaultBytes) for:
   int64_t default_sequences = 16;  // sequences (the engine's max_running)
   int64_t default_context = 4096;  // of this many positions (capped by the model's context)
+  // What the pool stores keys and values as: kF32, or kBF16 for half the memory (twice the
+  // positions for a budget) and half the bytes an attention reads, at bf16's 8-bit mantissa.
+  // Unset ("auto", as vLLM's): the model's compute dtype, bf16 or f32.
+  std::optional<DType> dtype;
 };
+
+// The KV element type a configuration names: "" or "auto" (unset), "f32" or "bf16" (also
+// spelled as ParseDTypeApiName takes them); InvalidArgument naming the value otherwise.
+absl::StatusOr<std::optional<DType>> ParseKvCacheDType(absl::string_view name);
 
 // A block's identity in the prefix cache: SHA-256 of the parent block's hash and the block's
 // tokens, truncated to 128 bits.
@@ -70,6 +80,7 @@ class KvPool {
   int64_t block_size() const { return block_size_; }
   int64_t num_blocks() const { return num_blocks_; }
   int64_t layers() const { return layers_; }
+  DType dtype() const { return dtype_; }
   size_t block_bytes() const { return block_bytes_; }
   size_t bytes() const { return storage_.size(); }
   // Where the ops find it (step metadata).
@@ -96,7 +107,7 @@ class KvPool {
 
  private:
   KvPool(DeviceBuffer storage, int64_t num_blocks, int64_t block_size, int64_t layers,
-         int64_t kv_dim);
+         int64_t kv_dim, DType dtype);
 
   struct Block {
     int32_t holders = 0;
@@ -110,6 +121,7 @@ class KvPool {
   const int64_t block_size_;
   const int64_t layers_;
   const int64_t kv_dim_;
+  const DType dtype_;
   const size_t block_bytes_;
 
   mutable absl::Mutex mutex_;
@@ -121,9 +133,9 @@ class KvPool {
   int64_t evictions_ ABSL_GUARDED_BY(mutex_) = 0;
 };
 
-// The default budget: what `sequences` sequences of `context` positions would need, but at most
-// a quarter of the memory the backend reports available.
+// The default budget: what `sequences` sequences of `context` positions of `dtype` would need,
+// but at most a quarter of the memory the backend reports available.
 uint64_t KvPoolDefaultBytes(const Backend& backend, int64_t layers, int64_t kv_dim,
-                            int64_t sequences, int64_t context);
+                            int64_t sequences, int64_t context, DType dtype);
 
 }  // namespace kiln

@@ -254,14 +254,19 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> PostLoad(BoundModel bound,
   }
   // The KV pool: every layer's keys and values, and one layer slot per MTP head.
   KvPoolOptions pool_options = options.kv_pool;
+  // "auto": keys and values as the model computes (bf16 models keep a bf16 cache, as vLLM's).
+  if (!pool_options.dtype.has_value()) {
+    pool_options.dtype = model->compute_dtype_ == DType::kBF16 ? DType::kBF16 : DType::kF32;
+  }
   const int64_t pool_layers = c.num_hidden_layers + static_cast<int64_t>(model->mtp_heads_.size());
   if (pool_options.bytes == 0) {
     int64_t context = pool_options.default_context;
     if (c.max_position_embeddings > 0) {
       context = std::min<int64_t>(context, c.max_position_embeddings);
     }
-    pool_options.bytes = KvPoolDefaultBytes(*backend, pool_layers, c.kv_dim(),
-                                            pool_options.default_sequences, context);
+    pool_options.bytes =
+        KvPoolDefaultBytes(*backend, pool_layers, c.kv_dim(), pool_options.default_sequences,
+                           context, *pool_options.dtype);
   }
   KILN_ASSIGN_OR_RETURN(model->kv_pool_,
                         KvPool::Create(*backend, pool_layers, c.kv_dim(), pool_options));

@@ -12,6 +12,7 @@
 #include "google/protobuf/io/tokenizer.h"
 #include "google/protobuf/text_format.h"
 #include "kernels/quantization.h"
+#include "models/kv_pool.h"
 #include "server/model_info.h"
 
 namespace kiln {
@@ -122,6 +123,9 @@ absl::Status ApplyServerConfig(const v1::ServerConfig& config, const std::string
     return absl::InvalidArgumentError("kv_block_size must not be negative");
   }
   if (config.kv_block_size() > 0) options->kv_pool.block_size = config.kv_block_size();
+  if (!config.kv_cache_dtype().empty()) {
+    KILN_ASSIGN_OR_RETURN(options->kv_pool.dtype, ParseKvCacheDType(config.kv_cache_dtype()));
+  }
   if (!config.tls_key_file().empty())
     options->tls_key_file = Rebase(base_dir, config.tls_key_file());
   return absl::OkStatus();

@@ -23,6 +23,9 @@
 #include "absl/strings/match.h"
 #include "absl/time/time.h"
 #include "base/logging.h"
+#include "base/status_macros.h"
+#include "kernels/dtype.h"
+#include "models/kv_pool.h"
 #include "server/config.h"
 #include "server/server.h"
 
@@ -56,6 +59,11 @@ ABSL_FLAG(uint64_t, kv_cache_bytes, 0,
           "tokens, at most a quarter of the backend's free memory");
 ABSL_FLAG(int32_t, kv_block_size, 16,
           "positions per KV block (prefix caching shares whole blocks)");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "per model: what its KV pool stores keys and values as: auto (the model's compute "
+          "dtype), f32, or bf16 (half the memory, so twice the positions for a budget, and half "
+          "the bytes each attention reads); a LoadModel or config model's kv_cache_dtype "
+          "overrides it");
 ABSL_FLAG(int32_t, max_threads, 2048,
           "gRPC threads, which bound the concurrent streams (requests beyond max_running wait in "
           "each model's queue)");
@@ -176,6 +184,12 @@ absl::StatusOr<ServerOptions> BuildOptions(int argc, char** argv) {
     options.kv_pool.bytes = absl::GetFlag(FLAGS_kv_cache_bytes);
   if (OnCommandLine(argc, argv, "kv_block_size"))
     options.kv_pool.block_size = absl::GetFlag(FLAGS_kv_block_size);
+  if (OnCommandLine(argc, argv, "kv_cache_dtype")) {
+    absl::StatusOr<std::optional<DType>> kv_dtype =
+        ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype));
+    if (!kv_dtype.ok()) return KilnAnnotate(kv_dtype.status(), "--kv-cache-dtype");
+    options.kv_pool.dtype = *kv_dtype;
+  }
   if (OnCommandLine(argc, argv, "max_threads"))
     options.max_threads = absl::GetFlag(FLAGS_max_threads);
   if (OnCommandLine(argc, argv, "default_max_tokens")) {

@@ -10,6 +10,7 @@
 #include "base/status_macros.h"
 #include "engine/mtp_draft_source.h"
 #include "kernels/backend_registry.h"
+#include "models/kv_pool.h"
 #include "models/lifecycle.h"
 
 namespace kiln {
@@ -134,6 +135,9 @@ absl::StatusOr<BuiltModel> ModelBuilder::Build(const ModelSpec& spec, const fs::
   // is shared with everything else on the machine, so kiln asks for what its engine can use).
   load_options.kv_pool = kv_pool_;
   if (spec.kv_cache_bytes > 0) load_options.kv_pool.bytes = spec.kv_cache_bytes;
+  if (!spec.kv_cache_dtype.empty()) {
+    KILN_ASSIGN_OR_RETURN(load_options.kv_pool.dtype, ParseKvCacheDType(spec.kv_cache_dtype));
+  }
   load_options.kv_pool.default_sequences = engine_.max_running;
   load_options.kv_pool.default_context = engine_.max_context;
   BuiltModel built;

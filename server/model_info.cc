@@ -4,6 +4,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "kernels/dtype.h"
 #include "models/load_report.h"
 
 namespace kiln {
@@ -91,6 +92,7 @@ void FillModelInfo(const ModelSnapshot& snapshot, v1::ModelInfo* info) {
   kv->set_bytes(pool.bytes());
   kv->set_blocks(pool.num_blocks());
   kv->set_block_size(static_cast<int32_t>(pool.block_size()));
+  kv->set_dtype(std::string(DTypeApiName(pool.dtype())));
   kv->set_used_blocks(pool_stats.used_blocks);
   kv->set_cached_blocks(pool_stats.cached_blocks);
   kv->set_prefix_caching(snapshot.spec.prefix_caching);
@@ -124,6 +126,7 @@ ModelSpec SpecFrom(const Message& m) {
   ModelSpec spec{m.name(), m.path(), m.format(), m.dtype(), m.backend(), {}};
   spec.quantize = m.quantize();
   spec.kv_cache_bytes = m.kv_cache_bytes();
+  spec.kv_cache_dtype = m.kv_cache_dtype();
   spec.prefix_caching = !m.disable_prefix_caching();
   const v1::TensorizerOptions& tensorizer = m.tensorizer();
   TensorizerSpec& tz = spec.tensorizer;

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/status_macros.h"
 #include "kernels/backend_registry.h"
+#include "models/kv_pool.h"
 #include "models/lifecycle.h"
 
 namespace kiln {
@@ -65,6 +66,7 @@ absl::Status ValidateModelSpec(const ModelSpec& spec) {
   KILN_RETURN_IF_ERROR(TensorizerHashCheck(tz).status());
   KILN_RETURN_IF_ERROR(KilnAnnotate(ParseComputeDType(spec.dtype).status(), "dtype"));
   KILN_RETURN_IF_ERROR(KilnAnnotate(ParseQuantization(spec.quantize).status(), "quantize"));
+  KILN_RETURN_IF_ERROR(ParseKvCacheDType(spec.kv_cache_dtype).status());
   if (!spec.backend.empty()) {
     if (absl::Status known = CheckBackendAvailable(spec.backend);
         known.code() == absl::StatusCode::kInvalidArgument) {

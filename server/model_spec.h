@@ -30,6 +30,7 @@ struct ModelSpec {
   std::string backend;  // "" (the server's default) or a backend name ("cpu")
   TensorizerSpec tensorizer;
   uint64_t kv_cache_bytes = 0;  // KV pool budget; 0 = the server's
+  std::string kv_cache_dtype;   // "" (the server's), "auto", "f32" or "bf16" (models/kv_pool.h)
   bool prefix_caching = true;
   // A chat template replacing the checkpoint's default: its text, or a server-side file read
   // at load (the text wins when both are set). "" = the checkpoint's.
@@ -38,8 +39,8 @@ struct ModelSpec {
   std::string quantize;  // "" / "none", "int8" or "int4" (kernels/quantization.h)
 };
 
-// InvalidArgument naming the field at fault (name, path, format, dtype, quantize, backend,
-// tensorizer.*).
+// InvalidArgument naming the field at fault (name, path, format, dtype, quantize, kv_cache_dtype,
+// backend, tensorizer.*).
 // Whether the backend is available is the builder's to say (FailedPrecondition).
 absl::Status ValidateModelSpec(const ModelSpec& spec);
 

@@ -34,7 +34,12 @@ constexpr int64_t kMaxHeadDim = 512;
 // enough that a prefill still splits into many tiles for the threads.
 constexpr int64_t kTargetTileRows = 32;
 
-// One query at a time, key by key: any head_dim, any CPU.
+// A pool element as fp32.
+inline float KvToF32(float value) { return value; }
+inline float KvToF32(uint16_t bf16) { return BF16ToF32(bf16); }
+
+// One query at a time, key by key: any head_dim, any CPU. T is the pool's element.
+template <typename T>
 void PortableAttention(const AttentionShape& shape, const float* q, int64_t q_stride,
                        int64_t n_tokens, int64_t start_pos, const PagedKv& kv, float* out,
                        int64_t out_stride) {
@@ -58,10 +63,10 @@ void PortableAttention(const AttentionShape& shape, const float* q, int64_t q_st
         const int64_t len = start_pos + t + 1;  // causal: keys 0 .. start_pos + t
         float max_score = -std::numeric_limits<float>::infinity();
         for (int64_t p = 0; p < len; ++p) {
-          const float* key = kv.key(p, kv_offset);  // transposed: dimensions block_size apart
+          const T* key = kv.key<T>(p, kv_offset);  // transposed: dimensions block_size apart
           float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t i = 0; i < head_dim; ++i) dot += qv[i] * key[i * block_size];
+          for (int64_t i = 0; i < head_dim; ++i) dot += qv[i] * KvToF32(key[i * block_size]);
           scores[p] = dot * scale;
           max_score = std::max(max_score, scores[p]);
         }
@@ -74,13 +79,13 @@ void PortableAttention(const AttentionShape& shape, const float* q, int64_t q_st
         std::fill(acc.begin(), acc.end(), 0.0f);
         // Block by block: the rows inside a block are contiguous.
         for (int64_t first = 0, b = 0; first < len; first += block_size, ++b) {
-          const float* values = kv.values(b) + kv_offset;
+          const T* values = kv.values<T>(b) + kv_offset;
           const int64_t end = std::min(len - first, block_size);
           for (int64_t o = 0; o < end; ++o) {
-            const float* vr = values + o * kv_dim;
+            const T* vr = values + o * kv_dim;
             const float w = scores[first + o];
 #pragma omp simd
-            for (int64_t i = 0; i < head_dim; ++i) a[i] += w * vr[i];
+            for (int64_t i = 0; i < head_dim; ++i) a[i] += w * KvToF32(vr[i]);
           }
         }
         const float inv_sum = 1.0f / sum;
@@ -105,14 +110,21 @@ struct Tile {
   int64_t kv_head = 0;
 };
 
+// 16 pool elements as fp32: bf16 bits widen exactly by a 16-bit shift.
+KILN_AVX512_TARGET KILN_ALWAYS_INLINE __m512 Load16(const float* p) { return _mm512_loadu_ps(p); }
+KILN_AVX512_TARGET KILN_ALWAYS_INLINE __m512 Load16(const uint16_t* p) {
+  const __m256i bits = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(bits), 16));
+}
+
 // Scores of `R` rows against one sub-block of 16 keys, whose dimension d is the vector at
 // keys_t + d·key_stride: s[r] = Σ_d q[r][d] · keys_t[d], summed in 4 chains
 // (d mod 4) both for latency and so that rounding grows with head_dim / 4, not head_dim. The order
 // is the same whatever R is: a row's scores do not depend on the rows beside it in its tile, so
 // verifying k tokens gives each the same result as decoding it alone.
-template <int R>
+template <typename T, int R>
 KILN_AVX512_TARGET KILN_ALWAYS_INLINE void ChunkScores(const float* q, int64_t head_dim,
-                                                       const float* keys_t, int64_t key_stride,
+                                                       const T* keys_t, int64_t key_stride,
                                                        __m512* s) {
   constexpr int kChains = 4;  // head_dim is a multiple of 16
   __m512 chain[R][kChains];
@@ -124,7 +136,7 @@ KILN_AVX512_TARGET KILN_ALWAYS_INLINE void ChunkScores(const float* q, int64_t h
   for (int64_t d = 0; d < head_dim; d += kChains) {
     KILN_UNROLL
     for (int c = 0; c < kChains; ++c) {
-      const __m512 k = _mm512_loadu_ps(keys_t + (d + c) * key_stride);
+      const __m512 k = Load16(keys_t + (d + c) * key_stride);
       KILN_UNROLL
       for (int r = 0; r < R; ++r) {
         chain[r][c] = _mm512_fmadd_ps(_mm512_set1_ps(q[r * head_dim + d + c]), k, chain[r][c]);
@@ -139,8 +151,8 @@ KILN_AVX512_TARGET KILN_ALWAYS_INLINE void ChunkScores(const float* q, int64_t h
 }
 
 // acc[r][d0 .. d0 + 16·V) = acc · alpha[r] + Σ_j probs[r][j] · value_j, for R rows.
-template <int R, int V>
-KILN_AVX512_TARGET KILN_ALWAYS_INLINE void ChunkValues(const float* const* values, int64_t count,
+template <typename T, int R, int V>
+KILN_AVX512_TARGET KILN_ALWAYS_INLINE void ChunkValues(const T* const* values, int64_t count,
                                                        const float* probs, const float* alpha,
                                                        int64_t d0, int64_t head_dim, float* acc) {
   __m512 a[R][V];
@@ -155,7 +167,7 @@ KILN_AVX512_TARGET KILN_ALWAYS_INLINE void ChunkValues(const float* const* value
   for (int64_t j = 0; j < count; ++j) {
     __m512 row[V];
     KILN_UNROLL
-    for (int v = 0; v < V; ++v) row[v] = _mm512_loadu_ps(values[j] + d0 + 16 * v);
+    for (int v = 0; v < V; ++v) row[v] = Load16(values[j] + d0 + 16 * v);
     KILN_UNROLL
     for (int r = 0; r < R; ++r) {
       const __m512 p = _mm512_set1_ps(probs[r * kKeysPerChunk + j]);
@@ -170,32 +182,36 @@ KILN_AVX512_TARGET KILN_ALWAYS_INLINE void ChunkValues(const float* const* value
   }
 }
 
-template <int R>
-KILN_AVX512_TARGET void ChunkValuesRows(const float* const* values, int64_t count,
-                                        const float* probs, const float* alpha, int64_t head_dim,
-                                        float* acc) {
+template <typename T, int R>
+KILN_AVX512_TARGET void ChunkValuesRows(const T* const* values, int64_t count, const float* probs,
+                                        const float* alpha, int64_t head_dim, float* acc) {
   int64_t d0 = 0;
   for (; d0 + 64 <= head_dim; d0 += 64) {
-    ChunkValues<R, 4>(values, count, probs, alpha, d0, head_dim, acc);
+    ChunkValues<T, R, 4>(values, count, probs, alpha, d0, head_dim, acc);
   }
-  for (; d0 < head_dim; d0 += 16) ChunkValues<R, 1>(values, count, probs, alpha, d0, head_dim, acc);
+  for (; d0 < head_dim; d0 += 16) {
+    ChunkValues<T, R, 1>(values, count, probs, alpha, d0, head_dim, acc);
+  }
 }
 
 // ChunkScores for n ≤ 4 rows.
-KILN_AVX512_TARGET void Scores(int64_t n, const float* q, int64_t head_dim, const float* keys_t,
+template <typename T>
+KILN_AVX512_TARGET void Scores(int64_t n, const float* q, int64_t head_dim, const T* keys_t,
                                int64_t key_stride, __m512* s) {
   switch (n) {
     case 4:
-      return ChunkScores<4>(q, head_dim, keys_t, key_stride, s);
+      return ChunkScores<T, 4>(q, head_dim, keys_t, key_stride, s);
     case 3:
-      return ChunkScores<3>(q, head_dim, keys_t, key_stride, s);
+      return ChunkScores<T, 3>(q, head_dim, keys_t, key_stride, s);
     case 2:
-      return ChunkScores<2>(q, head_dim, keys_t, key_stride, s);
+      return ChunkScores<T, 2>(q, head_dim, keys_t, key_stride, s);
     default:
-      return ChunkScores<1>(q, head_dim, keys_t, key_stride, s);
+      return ChunkScores<T, 1>(q, head_dim, keys_t, key_stride, s);
   }
 }
 
+// T is the pool's element (float, or uint16_t bf16 bits).
+template <typename T>
 KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int64_t q_stride,
                                 int64_t start_pos, const PagedKv& kv, const Tile& tile, float* out,
                                 int64_t out_stride) {
@@ -232,7 +248,7 @@ KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int
   const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const bool direct_keys = block_size % kLanes == 0;
-  const float* value_rows[kKeysPerChunk];
+  const T* value_rows[kKeysPerChunk];
   for (int64_t k0 = 0; k0 < keys; k0 += kKeysPerChunk) {
     const int64_t count = std::min(kKeysPerChunk, keys - k0);
     const int64_t sub_blocks = (count + kLanes - 1) / kLanes;
@@ -240,33 +256,34 @@ KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int
     for (int64_t p = k0; p < k0 + count;) {
       const int64_t offset = p % block_size;
       const int64_t n = std::min(block_size - offset, k0 + count - p);
-      const float* row = kv.value(p, kv_offset);
+      const T* row = kv.value<T>(p, kv_offset);
       for (int64_t i = 0; i < n; ++i) value_rows[p - k0 + i] = row + i * kv_dim;
       p += n;
     }
     // Sub-block b (keys 16b .. 16b+15 of the chunk) as 16-key vectors, dimension d at
-    // key_t[b] + d·key_stride: read where they lie when a block holds whole sub-blocks (the pool
-    // stores keys transposed), else gathered into keys_t first.
-    const float* key_t[kSubBlocks];
-    int64_t key_stride = block_size;
+    // key_t[b] + d·block_size: read where they lie when a block holds whole sub-blocks (the pool
+    // stores keys transposed), else gathered as fp32 into keys_t first (gathered[b] + d·16).
+    const T* key_t[kSubBlocks];
+    const float* gathered[kSubBlocks];
     if (direct_keys) {
       for (int64_t b = 0; b < sub_blocks; ++b) {
         const int64_t p = k0 + b * kLanes;
-        key_t[b] = kv.key(p, kv_offset);
+        key_t[b] = kv.key<T>(p, kv_offset);
       }
     } else {
-      key_stride = kLanes;
       for (int64_t b = 0; b < sub_blocks; ++b) {
         float* sub_t = keys_t + b * head_dim * kLanes;
-        key_t[b] = sub_t;
+        gathered[b] = sub_t;
         for (int64_t j = 0; j < kLanes; ++j) {
           const int64_t p = k0 + b * kLanes + j;
           if (p - k0 >= count) {
             for (int64_t d = 0; d < head_dim; ++d) sub_t[d * kLanes + j] = 0.0f;
             continue;
           }
-          const float* key = kv.key(p, kv_offset);
-          for (int64_t d = 0; d < head_dim; ++d) sub_t[d * kLanes + j] = key[d * block_size];
+          const T* key = kv.key<T>(p, kv_offset);
+          for (int64_t d = 0; d < head_dim; ++d) {
+            sub_t[d * kLanes + j] = KvToF32(key[d * block_size]);
+          }
         }
       }
     }
@@ -276,7 +293,11 @@ KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int
       const int64_t n = std::min<int64_t>(4, rows - r0);
       const float* qr = st.q.data() + r0 * head_dim;
       for (int64_t b = 0; b < sub_blocks; ++b) {
-        Scores(n, qr, head_dim, key_t[b], key_stride, s[b]);
+        if (direct_keys) {
+          Scores(n, qr, head_dim, key_t[b], block_size, s[b]);
+        } else {
+          Scores(n, qr, head_dim, gathered[b], kLanes, s[b]);
+        }
       }
       for (int64_t i = 0; i < n; ++i) {
         const int64_t r = r0 + i;
@@ -313,16 +334,16 @@ KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int
       float* acc = st.acc.data() + r0 * head_dim;
       switch (n) {
         case 4:
-          ChunkValuesRows<4>(value_rows, count, probs, alpha, head_dim, acc);
+          ChunkValuesRows<T, 4>(value_rows, count, probs, alpha, head_dim, acc);
           break;
         case 3:
-          ChunkValuesRows<3>(value_rows, count, probs, alpha, head_dim, acc);
+          ChunkValuesRows<T, 3>(value_rows, count, probs, alpha, head_dim, acc);
           break;
         case 2:
-          ChunkValuesRows<2>(value_rows, count, probs, alpha, head_dim, acc);
+          ChunkValuesRows<T, 2>(value_rows, count, probs, alpha, head_dim, acc);
           break;
         default:
-          ChunkValuesRows<1>(value_rows, count, probs, alpha, head_dim, acc);
+          ChunkValuesRows<T, 1>(value_rows, count, probs, alpha, head_dim, acc);
           break;
       }
     }
@@ -354,7 +375,11 @@ void TiledAttention(const AttentionShape& shape, const float* q, int64_t q_strid
     t.first_token = tile * tile_tokens;
     t.tokens = std::min(tile_tokens, n_tokens - t.first_token);
     t.kv_head = u % shape.n_kv_heads;
-    RunTile(shape, q, q_stride, start_pos, kv, t, out, out_stride);
+    if (kv.pool.dtype == DType::kBF16) {
+      RunTile<uint16_t>(shape, q, q_stride, start_pos, kv, t, out, out_stride);
+    } else {
+      RunTile<float>(shape, q, q_stride, start_pos, kv, t, out, out_stride);
+    }
   }
 }
 
@@ -369,7 +394,11 @@ void CausalAttention(const AttentionShape& shape, const float* q, int64_t q_stri
   if (tiled) {
     TiledAttention(shape, q, q_stride, n_tokens, start_pos, kv, out, out_stride);
   } else {
-    PortableAttention(shape, q, q_stride, n_tokens, start_pos, kv, out, out_stride);
+    if (kv.pool.dtype == DType::kBF16) {
+      PortableAttention<uint16_t>(shape, q, q_stride, n_tokens, start_pos, kv, out, out_stride);
+    } else {
+      PortableAttention<float>(shape, q, q_stride, n_tokens, start_pos, kv, out, out_stride);
+    }
   }
 }
 

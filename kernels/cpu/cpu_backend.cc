@@ -131,10 +131,20 @@ class CpuContext final : public ExecutionContext {
         const int32_t block = table[p / block_size];
         const int64_t offset = p % block_size;
         const float* src = rows + (seq.first_row + t) * qkv.row_stride + q_dim;
-        float* keys = s.pool.rows(block, layer, 0);
+        if (s.pool.dtype == DType::kBF16) {
+          uint16_t* keys = s.pool.rows<uint16_t>(block, layer, 0);
+          for (int64_t i = 0; i < kv_dim; ++i) {
+            keys[s.pool.key_index(offset, i)] = F32ToBF16(src[i]);
+          }
+          ConvertFromF32(DType::kBF16, src + kv_dim, kv_dim,
+                         reinterpret_cast<std::byte*>(s.pool.rows<uint16_t>(block, layer, 1) +
+                                                      s.pool.value_index(offset, 0)));
+          continue;
+        }
+        float* keys = s.pool.rows<float>(block, layer, 0);
         for (int64_t i = 0; i < kv_dim; ++i) keys[s.pool.key_index(offset, i)] = src[i];
         std::copy(src + kv_dim, src + 2 * kv_dim,
-                  s.pool.rows(block, layer, 1) + s.pool.value_index(offset, 0));
+                  s.pool.rows<float>(block, layer, 1) + s.pool.value_index(offset, 0));
       }
     }
     return absl::OkStatus();

@@ -42,21 +42,30 @@ void EmbeddingLookup(const WeightView& table, const int32_t* ids, int64_t n, flo
 
 // One layer of one sequence in the KV pool: position p lies in block table[p / block_size] at
 // offset p % block_size of keys() and values(), laid out as KvPoolRef says (keys transposed).
+// T is the pool's element: float (kF32) or uint16_t bf16 bits (kBF16).
 struct PagedKv {
   KvPoolRef pool;
   const int32_t* table = nullptr;
   int64_t layer = 0;
 
-  const float* keys(int64_t block) const { return pool.rows(table[block], layer, 0); }
-  const float* values(int64_t block) const { return pool.rows(table[block], layer, 1); }
-  // Key value i of position p; value i + 1 lies pool.block_size floats further on (transposed).
-  const float* key(int64_t p, int64_t i) const {
-    return keys(p / pool.block_size) + pool.key_index(p % pool.block_size, i);
+  template <typename T>
+  const T* keys(int64_t block) const {
+    return pool.rows<T>(table[block], layer, 0);
+  }
+  template <typename T>
+  const T* values(int64_t block) const {
+    return pool.rows<T>(table[block], layer, 1);
+  }
+  // Key value i of position p; value i + 1 lies pool.block_size elements further on (transposed).
+  template <typename T>
+  const T* key(int64_t p, int64_t i) const {
+    return keys<T>(p / pool.block_size) + pool.key_index(p % pool.block_size, i);
   }
   // Value i of position p; values i + 1 .. kv_dim − 1 follow it, then position p + 1's row
   // (within the block).
-  const float* value(int64_t p, int64_t i) const {
-    return values(p / pool.block_size) + pool.value_index(p % pool.block_size, i);
+  template <typename T>
+  const T* value(int64_t p, int64_t i) const {
+    return values<T>(p / pool.block_size) + pool.value_index(p % pool.block_size, i);
   }
 };
 

@@ -16,6 +16,7 @@
 
 #include "kernels/backend.h"
 #include "kernels/backend_registry.h"
+#include "kernels/dtype.h"
 
 namespace kiln {
 namespace {
@@ -86,13 +87,22 @@ class BackendOpsTest : public testing::TestWithParam<std::string> {
     return out;
   }
 
-  // A KV pool of `blocks` blocks of `block_size` positions, keys and values filled from `seed`;
-  // Table() hands its blocks out in a shuffled order, so that sequences are paged for real.
+  // A KV pool of `blocks` blocks of `block_size` positions of `dtype`, keys and values filled
+  // from `seed`; Table() hands its blocks out in a shuffled order, so that sequences are paged
+  // for real.
   void MakePool(int64_t blocks, int64_t block_size, int64_t layers, int64_t kv_dim,
-                uint32_t seed = 1) {
-    pool_ = KvPoolRef{nullptr, backend_->device(), blocks, block_size, layers, kv_dim};
-    const int64_t n = blocks * pool_.block_floats();
-    pool_.data = Upload(Random(n, seed, -3.0f, 3.0f), 1, n).f32();
+                uint32_t seed = 1, DType dtype = DType::kF32) {
+    pool_ = KvPoolRef{nullptr, backend_->device(), blocks, block_size, layers, kv_dim, dtype};
+    const int64_t n = blocks * pool_.block_elements();
+    const std::vector<float> values = Random(n, seed, -3.0f, 3.0f);
+    if (dtype == DType::kBF16) {
+      std::vector<uint16_t> bits(values.size());
+      for (size_t i = 0; i < values.size(); ++i) bits[i] = F32ToBF16(values[i]);
+      pool_.data =
+          UploadBytes(bits.data(), bits.size() * sizeof(uint16_t), DType::kBF16, 1, n, n).data;
+    } else {
+      pool_.data = Upload(values, 1, n).f32();
+    }
     unused_.resize(static_cast<size_t>(blocks));
     for (int64_t b = 0; b < blocks; ++b) unused_[static_cast<size_t>(b)] = static_cast<int32_t>(b);
     std::shuffle(unused_.begin(), unused_.end(), std::mt19937(seed));
@@ -105,9 +115,25 @@ class BackendOpsTest : public testing::TestWithParam<std::string> {
     unused_.resize(unused_.size() - static_cast<size_t>(count));
     return table;
   }
+  // The pool's contents as fp32 (bf16 widens exactly).
   std::vector<float> DownloadPool() {
-    return Download(TensorView::Matrix(pool_.data, DType::kF32, backend_->device(), 1,
-                                       pool_.num_blocks * pool_.block_floats()));
+    const int64_t n = pool_.num_blocks * pool_.block_elements();
+    if (pool_.dtype != DType::kBF16) {
+      return Download(TensorView::Matrix(pool_.data, DType::kF32, backend_->device(), 1, n));
+    }
+    // Copied as the fp32 words the bf16 pairs fill (copies move f32 views); n is even.
+    std::vector<uint16_t> bits(static_cast<size_t>(n));
+    EXPECT_TRUE(
+        ctx_->CopyToHost(TensorView::Matrix(pool_.data, DType::kF32, backend_->device(), 1, n / 2),
+                         bits.data())
+            .ok());
+    std::vector<float> out(bits.size());
+    for (size_t i = 0; i < bits.size(); ++i) out[i] = BF16ToF32(bits[i]);
+    return out;
+  }
+  // `value` as the pool stores it.
+  float Stored(float value) const {
+    return pool_.dtype == DType::kBF16 ? BF16ToF32(F32ToBF16(value)) : value;
   }
   // Index in DownloadPool() of value i (0 ≤ i < kv_dim) of the key (which = 0) or value of
   // `position` in `layer`: keys are stored transposed, [kv_dim][block_size] (kernels/step.h).
@@ -116,7 +142,7 @@ class BackendOpsTest : public testing::TestWithParam<std::string> {
     const int64_t block = table[static_cast<size_t>(position / pool_.block_size)];
     const int64_t offset = position % pool_.block_size;
     return static_cast<size_t>(
-        block * pool_.block_floats() + (layer * 2 + which) * pool_.block_size * pool_.kv_dim +
+        block * pool_.block_elements() + (layer * 2 + which) * pool_.block_size * pool_.kv_dim +
         (which == 0 ? pool_.key_index(offset, i) : pool_.value_index(offset, i)));
   }
 
@@ -429,61 +455,67 @@ double Rotated(const float* head, int64_t j, int64_t head_dim, int32_t position,
 // typical 16, 5 (blocks that do not divide the sequences' lengths) and 32 (a 64-key chunk of
 // attention spanning two blocks).
 constexpr int64_t kBlockSizes[] = {1, 16, 5, 32};
+// What the pool stores: fp32, and bf16 (half the memory; the ops convert on the way in and out).
+constexpr DType kKvDTypes[] = {DType::kF32, DType::kBF16};
 
 TEST_P(BackendOpsTest, RopeAndAppendKvRotatesAndWritesThePool) {
   const int64_t layers = 2;
   const int64_t layer = 1;
-  for (const int64_t block_size : kBlockSizes) {
-    for (const AttentionCase& c : AttentionCases()) {
-      SCOPED_TRACE(Describe(c) + ", block size " + std::to_string(block_size));
-      const AttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim, 1.0f};
-      const int64_t qkv_dim = shape.qkv_dim();
-      int64_t blocks = 2;  // a few the sequences do not use
-      for (auto [rows, start] : c.sequences)
-        blocks += (rows + start + 3 + block_size - 1) / block_size;
-      MakePool(blocks, block_size, layers, shape.kv_dim(), 30);
-      std::vector<std::vector<int32_t>> tables;
-      for (auto [rows, start] : c.sequences) tables.push_back(Table(rows + start + 3));
-      const std::vector<float> before = DownloadPool();
-      const StepMetadata step = Step(c.sequences, tables);
-      ASSERT_TRUE(ctx_->BeginStep(step).ok());
-      const int64_t rows = step.rows();
-      const std::vector<float> x = Random(rows * qkv_dim, 7);
-      const std::vector<float> inv_freq = InvFreq(c.head_dim);
-      const TensorView qkv = Upload(x, rows, qkv_dim);
-      ASSERT_TRUE(
-          ctx_->RopeAndAppendKv(qkv, shape, Upload(inv_freq, 1, c.head_dim / 2), layer).ok());
-      const std::vector<float> got = Download(qkv);
-      for (int64_t r = 0; r < rows; ++r) {
-        const int32_t pos = step.positions[static_cast<size_t>(r)];
-        for (int64_t h = 0; h < c.n_heads + c.n_kv_heads; ++h) {  // q heads, then k heads
-          const float* head = x.data() + r * qkv_dim + h * c.head_dim;
-          for (int64_t j = 0; j < c.head_dim; ++j) {
-            ASSERT_NEAR(got[r * qkv_dim + h * c.head_dim + j],
-                        Rotated(head, j, c.head_dim, pos, inv_freq), 2e-6)
-                << "row " << r << " head " << h << " j " << j;
+  for (const DType kv_dtype : kKvDTypes) {
+    for (const int64_t block_size : kBlockSizes) {
+      for (const AttentionCase& c : AttentionCases()) {
+        SCOPED_TRACE(Describe(c) + ", block size " + std::to_string(block_size) + ", " +
+                     std::string(DTypeApiName(kv_dtype)) + " pool");
+        const AttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim, 1.0f};
+        const int64_t qkv_dim = shape.qkv_dim();
+        int64_t blocks = 2;  // a few the sequences do not use
+        for (auto [rows, start] : c.sequences)
+          blocks += (rows + start + 3 + block_size - 1) / block_size;
+        MakePool(blocks, block_size, layers, shape.kv_dim(), 30, kv_dtype);
+        std::vector<std::vector<int32_t>> tables;
+        for (auto [rows, start] : c.sequences) tables.push_back(Table(rows + start + 3));
+        const std::vector<float> before = DownloadPool();
+        const StepMetadata step = Step(c.sequences, tables);
+        ASSERT_TRUE(ctx_->BeginStep(step).ok());
+        const int64_t rows = step.rows();
+        const std::vector<float> x = Random(rows * qkv_dim, 7);
+        const std::vector<float> inv_freq = InvFreq(c.head_dim);
+        const TensorView qkv = Upload(x, rows, qkv_dim);
+        ASSERT_TRUE(
+            ctx_->RopeAndAppendKv(qkv, shape, Upload(inv_freq, 1, c.head_dim / 2), layer).ok());
+        const std::vector<float> got = Download(qkv);
+        for (int64_t r = 0; r < rows; ++r) {
+          const int32_t pos = step.positions[static_cast<size_t>(r)];
+          for (int64_t h = 0; h < c.n_heads + c.n_kv_heads; ++h) {  // q heads, then k heads
+            const float* head = x.data() + r * qkv_dim + h * c.head_dim;
+            for (int64_t j = 0; j < c.head_dim; ++j) {
+              ASSERT_NEAR(got[r * qkv_dim + h * c.head_dim + j],
+                          Rotated(head, j, c.head_dim, pos, inv_freq), 2e-6)
+                  << "row " << r << " head " << h << " j " << j;
+            }
+          }
+          for (int64_t i = shape.q_dim() + shape.kv_dim(); i < qkv_dim; ++i) {
+            ASSERT_EQ(got[r * qkv_dim + i], x[r * qkv_dim + i]) << "v is not rotated";
           }
         }
-        for (int64_t i = shape.q_dim() + shape.kv_dim(); i < qkv_dim; ++i) {
-          ASSERT_EQ(got[r * qkv_dim + i], x[r * qkv_dim + i]) << "v is not rotated";
-        }
-      }
-      // Layer `layer` of each sequence's new positions holds the rotated k and the v, through
-      // its block table; every other value of the pool is as it was.
-      std::vector<float> expected = before;
-      for (size_t s = 0; s < tables.size(); ++s) {
-        const StepSequence& seq = step.sequences[s];
-        for (int64_t t = 0; t < seq.rows; ++t) {
-          const int64_t row = seq.first_row + t;
-          const int64_t p = seq.start_position + t;
-          for (int64_t i = 0; i < shape.kv_dim(); ++i) {
-            expected[PoolIndex(tables[s], layer, 0, p, i)] = got[row * qkv_dim + shape.q_dim() + i];
-            expected[PoolIndex(tables[s], layer, 1, p, i)] =
-                x[row * qkv_dim + shape.q_dim() + shape.kv_dim() + i];
+        // Layer `layer` of each sequence's new positions holds the rotated k and the v, through
+        // its block table; every other value of the pool is as it was.
+        std::vector<float> expected = before;
+        for (size_t s = 0; s < tables.size(); ++s) {
+          const StepSequence& seq = step.sequences[s];
+          for (int64_t t = 0; t < seq.rows; ++t) {
+            const int64_t row = seq.first_row + t;
+            const int64_t p = seq.start_position + t;
+            for (int64_t i = 0; i < shape.kv_dim(); ++i) {
+              expected[PoolIndex(tables[s], layer, 0, p, i)] =
+                  Stored(got[row * qkv_dim + shape.q_dim() + i]);
+              expected[PoolIndex(tables[s], layer, 1, p, i)] =
+                  Stored(x[row * qkv_dim + shape.q_dim() + shape.kv_dim() + i]);
+            }
           }
         }
+        ASSERT_EQ(DownloadPool(), expected);
       }
-      ASSERT_EQ(DownloadPool(), expected);
     }
   }
 }
@@ -491,65 +523,69 @@ TEST_P(BackendOpsTest, RopeAndAppendKvRotatesAndWritesThePool) {
 // Naive attention in double: for a row at position p and head h, softmax over keys 0 .. p of
 // scale·q·k, times v, reading kv head h / group through the sequence's block table. Tolerance
 // 6e-6 absolute: outputs are convex combinations of values in [-3, 3] with fp32 scores, exp and
-// accumulation (2e-6 per unit of value magnitude).
+// accumulation (2e-6 per unit of value magnitude). A bf16 pool is held to the same tolerance: the
+// reference reads the values the pool holds, which the kernel widens exactly.
 TEST_P(BackendOpsTest, AttentionThroughBlockTablesMatchesNaiveReference) {
   const int64_t layers = 3;
   const int64_t layer = 2;
-  for (const int64_t block_size : kBlockSizes) {
-    for (const AttentionCase& c : AttentionCases()) {
-      SCOPED_TRACE(Describe(c) + ", block size " + std::to_string(block_size));
-      const AttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim,
-                                 1.0f / std::sqrt(static_cast<float>(c.head_dim))};
-      const int64_t qkv_dim = shape.qkv_dim();
-      const int64_t kv_dim = shape.kv_dim();
-      int64_t blocks = 2;
-      for (auto [rows, start] : c.sequences)
-        blocks += (rows + start + 2 + block_size - 1) / block_size;
-      MakePool(blocks, block_size, layers, kv_dim, 40);
-      std::vector<std::vector<int32_t>> tables;
-      for (auto [rows, start] : c.sequences) tables.push_back(Table(rows + start + 2));
-      const std::vector<float> contents = DownloadPool();
-      const StepMetadata step = Step(c.sequences, tables);
-      ASSERT_TRUE(ctx_->BeginStep(step).ok());
-      const int64_t rows = step.rows();
-      // Scaled up so that the softmax is far from uniform.
-      const std::vector<float> x = Random(rows * qkv_dim, 21, -3.0f, 3.0f);
-      const TensorView out = Filled(rows, shape.q_dim(), shape.q_dim() + 3);
-      ASSERT_TRUE(ctx_->Attention(Upload(x, rows, qkv_dim), shape, layer, out).ok());
-      const std::vector<float> got = Download(out);
-      const int64_t group = c.n_heads / c.n_kv_heads;
-      for (size_t s = 0; s < tables.size(); ++s) {
-        const StepSequence& seq = step.sequences[s];
-        for (int64_t t = 0; t < seq.rows; ++t) {
-          const int64_t row = seq.first_row + t;
-          const int64_t len = seq.start_position + t + 1;
-          for (int64_t h = 0; h < c.n_heads; ++h) {
-            const int64_t kv_offset = (h / group) * c.head_dim;
-            std::vector<double> scores(static_cast<size_t>(len));
-            double max_score = -1e300;
-            for (int64_t p = 0; p < len; ++p) {
-              double dot = 0.0;
-              for (int64_t i = 0; i < c.head_dim; ++i) {
-                dot += static_cast<double>(x[row * qkv_dim + h * c.head_dim + i]) *
-                       contents[PoolIndex(tables[s], layer, 0, p, kv_offset + i)];
-              }
-              scores[static_cast<size_t>(p)] = dot * shape.scale;
-              max_score = std::max(max_score, scores[static_cast<size_t>(p)]);
-            }
-            double sum = 0.0;
-            for (double& score : scores) sum += (score = std::exp(score - max_score));
-            for (int64_t i = 0; i < c.head_dim; ++i) {
-              double expected = 0.0;
+  for (const DType kv_dtype : kKvDTypes) {
+    for (const int64_t block_size : kBlockSizes) {
+      for (const AttentionCase& c : AttentionCases()) {
+        SCOPED_TRACE(Describe(c) + ", block size " + std::to_string(block_size) + ", " +
+                     std::string(DTypeApiName(kv_dtype)) + " pool");
+        const AttentionShape shape{c.n_heads, c.n_kv_heads, c.head_dim,
+                                   1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+        const int64_t qkv_dim = shape.qkv_dim();
+        const int64_t kv_dim = shape.kv_dim();
+        int64_t blocks = 2;
+        for (auto [rows, start] : c.sequences)
+          blocks += (rows + start + 2 + block_size - 1) / block_size;
+        MakePool(blocks, block_size, layers, kv_dim, 40, kv_dtype);
+        std::vector<std::vector<int32_t>> tables;
+        for (auto [rows, start] : c.sequences) tables.push_back(Table(rows + start + 2));
+        const std::vector<float> contents = DownloadPool();
+        const StepMetadata step = Step(c.sequences, tables);
+        ASSERT_TRUE(ctx_->BeginStep(step).ok());
+        const int64_t rows = step.rows();
+        // Scaled up so that the softmax is far from uniform.
+        const std::vector<float> x = Random(rows * qkv_dim, 21, -3.0f, 3.0f);
+        const TensorView out = Filled(rows, shape.q_dim(), shape.q_dim() + 3);
+        ASSERT_TRUE(ctx_->Attention(Upload(x, rows, qkv_dim), shape, layer, out).ok());
+        const std::vector<float> got = Download(out);
+        const int64_t group = c.n_heads / c.n_kv_heads;
+        for (size_t s = 0; s < tables.size(); ++s) {
+          const StepSequence& seq = step.sequences[s];
+          for (int64_t t = 0; t < seq.rows; ++t) {
+            const int64_t row = seq.first_row + t;
+            const int64_t len = seq.start_position + t + 1;
+            for (int64_t h = 0; h < c.n_heads; ++h) {
+              const int64_t kv_offset = (h / group) * c.head_dim;
+              std::vector<double> scores(static_cast<size_t>(len));
+              double max_score = -1e300;
               for (int64_t p = 0; p < len; ++p) {
-                expected += scores[static_cast<size_t>(p)] / sum *
-                            contents[PoolIndex(tables[s], layer, 1, p, kv_offset + i)];
+                double dot = 0.0;
+                for (int64_t i = 0; i < c.head_dim; ++i) {
+                  dot += static_cast<double>(x[row * qkv_dim + h * c.head_dim + i]) *
+                         contents[PoolIndex(tables[s], layer, 0, p, kv_offset + i)];
+                }
+                scores[static_cast<size_t>(p)] = dot * shape.scale;
+                max_score = std::max(max_score, scores[static_cast<size_t>(p)]);
               }
-              ASSERT_NEAR(got[row * out.row_stride + h * c.head_dim + i], expected, 6e-6)
-                  << "row " << row << " head " << h << " i " << i;
+              double sum = 0.0;
+              for (double& score : scores) sum += (score = std::exp(score - max_score));
+              for (int64_t i = 0; i < c.head_dim; ++i) {
+                double expected = 0.0;
+                for (int64_t p = 0; p < len; ++p) {
+                  expected += scores[static_cast<size_t>(p)] / sum *
+                              contents[PoolIndex(tables[s], layer, 1, p, kv_offset + i)];
+                }
+                ASSERT_NEAR(got[row * out.row_stride + h * c.head_dim + i], expected, 6e-6)
+                    << "row " << row << " head " << h << " i " << i;
+              }
             }
-          }
-          for (int64_t i = shape.q_dim(); i < out.row_stride; ++i) {
-            ASSERT_EQ(got[row * out.row_stride + i], kSentinel) << "padding";
+            for (int64_t i = shape.q_dim(); i < out.row_stride; ++i) {
+              ASSERT_EQ(got[row * out.row_stride + i], kSentinel) << "padding";
+            }
           }
         }
       }
@@ -562,30 +598,32 @@ TEST_P(BackendOpsTest, AttentionThroughBlockTablesMatchesNaiveReference) {
 // must not depend on the rows beside it, bit for bit (GQA 3 and 7; contexts across chunks).
 TEST_P(BackendOpsTest, AttentionOfEachRowEqualsTheRowAlone) {
   const int64_t layers = 1;
-  for (auto [heads, kv_heads, rows, start] :
-       {std::tuple<int64_t, int64_t, int64_t, int64_t>{6, 2, 4, 61},
-        {14, 2, 9, 120},
-        {4, 4, 3, 0}}) {
-    SCOPED_TRACE(testing::Message()
-                 << heads << "/" << kv_heads << " heads, " << rows << "@" << start);
-    const AttentionShape shape{heads, kv_heads, 64, 0.125f};
-    MakePool((rows + start) / 16 + 2, 16, layers, shape.kv_dim(), 7);
-    const std::vector<int32_t> table = Table(rows + start);
-    const std::vector<float> x = Random(rows * shape.qkv_dim(), 9, -3.0f, 3.0f);
-    ASSERT_TRUE(ctx_->BeginStep(Step({{rows, start}}, {table})).ok());
-    const TensorView together = Filled(rows, shape.q_dim());
-    ASSERT_TRUE(ctx_->Attention(Upload(x, rows, shape.qkv_dim()), shape, 0, together).ok());
-    const std::vector<float> all = Download(together);
-    for (int64_t t = 0; t < rows; ++t) {
-      ASSERT_TRUE(ctx_->BeginStep(Step({{1, start + t}}, {table})).ok());
-      const std::vector<float> row(x.begin() + t * shape.qkv_dim(),
-                                   x.begin() + (t + 1) * shape.qkv_dim());
-      const TensorView alone = Filled(1, shape.q_dim());
-      ASSERT_TRUE(ctx_->Attention(Upload(row, 1, shape.qkv_dim()), shape, 0, alone).ok());
-      const std::vector<float> got = Download(alone);
-      for (int64_t i = 0; i < shape.q_dim(); ++i) {
-        ASSERT_EQ(got[static_cast<size_t>(i)], all[static_cast<size_t>(t * shape.q_dim() + i)])
-            << "row " << t << " value " << i;
+  for (const DType kv_dtype : kKvDTypes) {
+    for (auto [heads, kv_heads, rows, start] :
+         {std::tuple<int64_t, int64_t, int64_t, int64_t>{6, 2, 4, 61},
+          {14, 2, 9, 120},
+          {4, 4, 3, 0}}) {
+      SCOPED_TRACE(testing::Message() << heads << "/" << kv_heads << " heads, " << rows << "@"
+                                      << start << ", " << DTypeApiName(kv_dtype) << " pool");
+      const AttentionShape shape{heads, kv_heads, 64, 0.125f};
+      MakePool((rows + start) / 16 + 2, 16, layers, shape.kv_dim(), 7, kv_dtype);
+      const std::vector<int32_t> table = Table(rows + start);
+      const std::vector<float> x = Random(rows * shape.qkv_dim(), 9, -3.0f, 3.0f);
+      ASSERT_TRUE(ctx_->BeginStep(Step({{rows, start}}, {table})).ok());
+      const TensorView together = Filled(rows, shape.q_dim());
+      ASSERT_TRUE(ctx_->Attention(Upload(x, rows, shape.qkv_dim()), shape, 0, together).ok());
+      const std::vector<float> all = Download(together);
+      for (int64_t t = 0; t < rows; ++t) {
+        ASSERT_TRUE(ctx_->BeginStep(Step({{1, start + t}}, {table})).ok());
+        const std::vector<float> row(x.begin() + t * shape.qkv_dim(),
+                                     x.begin() + (t + 1) * shape.qkv_dim());
+        const TensorView alone = Filled(1, shape.q_dim());
+        ASSERT_TRUE(ctx_->Attention(Upload(row, 1, shape.qkv_dim()), shape, 0, alone).ok());
+        const std::vector<float> got = Download(alone);
+        for (int64_t i = 0; i < shape.q_dim(); ++i) {
+          ASSERT_EQ(got[static_cast<size_t>(i)], all[static_cast<size_t>(t * shape.q_dim() + i)])
+              << "row " << t << " value " << i;
+        }
       }
     }
   }

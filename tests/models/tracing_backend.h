@@ -185,7 +185,8 @@ class TracingContext final : public ExecutionContext {
   absl::Status DoBeginStep(const StepMetadata& step) override {
     backend_->CountStep();
     const size_t pool_bytes =
-        static_cast<size_t>(step.pool.num_blocks * step.pool.block_floats()) * sizeof(float);
+        static_cast<size_t>(step.pool.num_blocks * step.pool.block_elements()) *
+        DTypeSize(step.pool.dtype);
     if (!step.sequences.empty() &&
         backend_->Locate(step.pool.data, pool_bytes) != TracingBackend::Where::kAllocated) {
       backend_->Violation("BeginStep: a KV pool not allocated by the backend");

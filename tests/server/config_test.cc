@@ -95,15 +95,19 @@ TEST(ConfigTest, KvPoolSettings) {
   absl::StatusOr<v1::ServerConfig> config = ParseServerConfig(R"pb(
     kv_cache_bytes: 1073741824
     kv_block_size: 32
+    kv_cache_dtype: "bf16"
     models { name: "a" path: "a" kv_cache_bytes: 65536 disable_prefix_caching: true }
-    models { name: "b" path: "b" }
+    models { name: "b" path: "b" kv_cache_dtype: "f32" }
   )pb");
   ASSERT_TRUE(config.ok()) << config.status();
   ServerOptions options;
   ASSERT_TRUE(ApplyServerConfig(*config, "/etc/kiln", &options).ok());
   EXPECT_EQ(options.kv_pool.bytes, 1073741824u);
   EXPECT_EQ(options.kv_pool.block_size, 32);
+  EXPECT_EQ(options.kv_pool.dtype, DType::kBF16);
   ASSERT_EQ(options.models.size(), 2u);
+  EXPECT_EQ(options.models[0].kv_cache_dtype, "");
+  EXPECT_EQ(options.models[1].kv_cache_dtype, "f32");
   EXPECT_EQ(options.models[0].kv_cache_bytes, 65536u);
   EXPECT_FALSE(options.models[0].prefix_caching);
   EXPECT_EQ(options.models[1].kv_cache_bytes, 0u);
@@ -111,6 +115,12 @@ TEST(ConfigTest, KvPoolSettings) {
   v1::ServerConfig bad;
   bad.set_kv_block_size(-4);
   EXPECT_EQ(ApplyServerConfig(bad, "", &options).code(), absl::StatusCode::kInvalidArgument);
+  v1::ServerConfig bad_dtype;
+  bad_dtype.set_kv_cache_dtype("int8");
+  const absl::Status status = ApplyServerConfig(bad_dtype, "", &options);
+  EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_CONTAINS(status.message(), "kv_cache_dtype");
+  EXPECT_CONTAINS(status.message(), "int8");
 }
 
 TEST(ConfigTest, TensorizerOptionsOfAModel) {

@@ -158,6 +158,45 @@ TEST(ModelsServiceTest, KvPoolBudgetAndPrefixCachingPerModel) {
   EXPECT_CODE(load("tiny", 16, false, &none), INVALID_ARGUMENT, "KV pool");
 }
 
+// A bf16 KV pool (kv_cache_dtype) holds twice the blocks of an f32 one in the same budget, says
+// so in GetModel, and serves; a dtype kiln's pools do not hold is refused, naming the field.
+TEST(ModelsServiceTest, KvCacheDTypePerModel) {
+  auto server = TestServer::Start(TestServerOptions());
+  ASSERT_NE(server, nullptr);
+  constexpr uint64_t kBudget = 4u << 20;
+  auto load = [&](const std::string& name, const std::string& dtype, v1::ModelInfo* info) {
+    v1::LoadModelRequest request;
+    request.set_name(name);
+    request.set_path(Models().plain.string());
+    request.set_kv_cache_bytes(kBudget);
+    request.set_kv_cache_dtype(dtype);
+    return server->models().LoadModel(Context().get(), request, info);
+  };
+  v1::ModelInfo f32, bf16, automatic;
+  ASSERT_TRUE(load("f32", "f32", &f32).ok());
+  ASSERT_TRUE(load("bf16", "bf16", &bf16).ok());
+  // "" = the server's default, "auto": this test model computes in f32, so its cache is f32.
+  ASSERT_TRUE(load("auto", "", &automatic).ok());
+  EXPECT_EQ(automatic.dtype(), "f32");
+  EXPECT_EQ(automatic.kv_pool().dtype(), "f32");
+  EXPECT_EQ(f32.kv_pool().dtype(), "f32");
+  EXPECT_EQ(bf16.kv_pool().dtype(), "bf16");
+  EXPECT_GE(bf16.kv_pool().blocks(), 2 * f32.kv_pool().blocks());
+  EXPECT_LE(bf16.kv_pool().bytes(), kBudget);
+  EXPECT_EQ(bf16.kv_pool().bytes() / static_cast<uint64_t>(bf16.kv_pool().blocks()),
+            f32.kv_pool().bytes() / static_cast<uint64_t>(f32.kv_pool().blocks()) / 2);
+
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 40; ++i) prompt.push_back(5 + i);
+  StreamResult result = GenerateAll(server->inference(), GreedyRequest("bf16", prompt, 6));
+  ASSERT_TRUE(result.status.ok()) << result.status.error_message();
+  EXPECT_EQ(result.tokens.size(), 6u);
+
+  v1::ModelInfo refused;
+  EXPECT_CODE(load("fp8", "fp8", &refused), INVALID_ARGUMENT, "kv_cache_dtype");
+  EXPECT_CODE(Get(server->models(), "fp8", &refused), NOT_FOUND, "fp8");
+}
+
 // A copy of <root>/text whose tokenizer_config.json carries `chat_template` (and, when given, a
 // chat_template.jinja beside it).
 fs::path ModelWithTemplates(const std::string& name, const nlohmann::json& chat_template,
