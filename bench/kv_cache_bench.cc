@@ -31,6 +31,8 @@
 
 ABSL_FLAG(std::string, preset, "qwen2.5-0.5b", "model shape (kiln synth preset)");
 ABSL_FLAG(std::string, dtype, "bf16", "weight dtype: bf16 or f32");
+ABSL_FLAG(std::string, kv_cache_dtype, "auto",
+          "what the KV pool stores: auto (the model's compute dtype), f32 or bf16");
 ABSL_FLAG(std::string, model_dir, "build/bench-models", "where synthesized models are kept");
 ABSL_FLAG(uint64_t, capacity_budget_bytes, 2ull << 30, "pool budget of the capacity count");
 ABSL_FLAG(int32_t, capacity_prompt_tokens, 512, "capacity: prompt tokens per sequence");
@@ -207,6 +209,14 @@ int Main() {
   load_options.step_capacity.max_sequences = 64;
   load_options.step_capacity.max_rows = 1024;
   load_options.step_capacity.max_logits_rows = 64;
+  absl::StatusOr<std::optional<DType>> kv_cache_dtype =
+      ParseKvCacheDType(absl::GetFlag(FLAGS_kv_cache_dtype));
+  if (!kv_cache_dtype.ok()) {
+    return std::fprintf(stderr, "--kv_cache_dtype: %s\n",
+                        std::string(kv_cache_dtype.status().message()).c_str()),
+           1;
+  }
+  load_options.kv_pool.dtype = *kv_cache_dtype;
   absl::StatusOr<std::unique_ptr<PreparedModel>> loaded = LoadModel(dir, backend, load_options);
   if (!loaded.ok()) {
     return std::fprintf(stderr, "%s\n", std::string(loaded.status().message()).c_str()), 1;
