@@ -381,6 +381,9 @@ class Test:
         expect(info.bytes_in_memory > 0, "bytes_in_memory 0")
         expect(info.architecture, "no architecture")
         expect(info.dtype, "no dtype")
+        # --kv-cache-dtype auto: the KV pool holds the model's compute dtype.
+        expect(info.kv_pool.dtype == info.dtype, f"kv_pool.dtype {info.kv_pool.dtype!r}, "
+               f"compute dtype {info.dtype!r}")
         expect(info.backend == "cpu" and info.backend_description,
                f"backend {info.backend!r} ({info.backend_description!r})")
         if "vocab_size" in self.config and info.vocab_size:
@@ -393,6 +396,7 @@ class Test:
                                                          dtype="f32"),
                                      metadata=self.admin, timeout=RPC_TIMEOUT)
         expect(info.state == pb.READY, f"LoadModel state {pb.ModelState.Name(info.state)}")
+        expect(info.kv_pool.dtype == "f32", f"an f32 model's KV pool is {info.kv_pool.dtype!r}")
         try:
             self.expect_code(self.grpc.StatusCode.ALREADY_EXISTS, self.models.LoadModel,
                              pb.LoadModelRequest(name="tiny2", path=self.model_dir),
@@ -663,7 +667,7 @@ def main():
         server = Server(args.server, [
             "--listen", address, "--model-root", os.path.join(tmp, "models"),
             "--model", f"tiny={model_dir}", "--admin-token-file", os.path.join(tmp, "admin-token"),
-            "--metrics-listen", "127.0.0.1:0",
+            "--metrics-listen", "127.0.0.1:0", "--kv-cache-dtype", "auto",
         ], os.path.join(tmp, "server.log"))
         server.wait_ready(READY_TIMEOUT)
         ready = next(line for line in server.lines if line.startswith("kiln-server: ready on"))
