@@ -3,9 +3,14 @@
 #include "kernels/cpu/host_memory.h"
 
 #include <algorithm>
+#include <cinttypes>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -85,6 +90,53 @@ TEST(HostMemoryTest, BlocksFreedAndReallocatedManyTimesStayUsable) {
     EXPECT_EQ(block.data[block.bytes - 1], fill);
     FreeHost(block.data);
   }
+}
+
+// The /proc/self/smaps entry of the mapping that holds `p`: its first line and its VmFlags.
+struct MappingInfo {
+  std::string header;
+  std::string flags;
+};
+MappingInfo MappingOf(const void* p) {
+  std::ifstream smaps("/proc/self/smaps");
+  std::string line;
+  MappingInfo found;
+  bool inside = false;
+  const auto address = reinterpret_cast<uintptr_t>(p);
+  while (std::getline(smaps, line)) {
+    uintptr_t start = 0, end = 0;
+    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR, &start, &end) == 2) {
+      inside = start <= address && address < end;
+      if (inside) found.header = line;
+      continue;
+    }
+    if (inside && line.rfind("VmFlags:", 0) == 0) found.flags = line;
+  }
+  return found;
+}
+
+// A large block is a mapping of its own, advised for huge pages before anything touched it, even
+// after malloc has churned through blocks of its size (whose reused heap pages would stay 4 KiB).
+TEST(HostMemoryTest, LargeBlocksAreFreshMappingsAdvisedForHugePages) {
+  // Freeing a 24 MiB mapped block raises glibc's mmap threshold above 9 MiB; a 9 MiB block then
+  // comes from the heap, and its touched pages stay there once it is freed.
+  void* big = std::malloc(size_t{24} << 20);
+  ASSERT_NE(big, nullptr);
+  std::free(big);
+  for (int i = 0; i < 4; ++i) {
+    void* churn = std::malloc(size_t{9} << 20);
+    ASSERT_NE(churn, nullptr);
+    std::memset(churn, 1, size_t{9} << 20);
+    std::free(churn);
+  }
+  const size_t bytes = size_t{9} << 20;
+  Block block = Allocate(bytes, 3);
+  const MappingInfo mapping = MappingOf(block.data);
+  ASSERT_FALSE(mapping.header.empty()) << "no mapping holds the block";
+  EXPECT_EQ(mapping.header.find("[heap]"), std::string::npos) << mapping.header;
+  EXPECT_NE(mapping.flags.find(" hg"), std::string::npos) << mapping.flags;
+  FreeHost(block.data);
+  EXPECT_TRUE(MappingOf(block.data).header.empty()) << "the mapping outlived FreeHost";
 }
 
 }  // namespace
