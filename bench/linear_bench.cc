@@ -3,7 +3,9 @@
 // measurement runs once over every copy, as decode runs a layer's weights once per step, so the
 // weights come from memory (or from cache, for shapes and copies that fit, as in a small model).
 // Prints GB/s of weight streamed for each kernel, the ratio, the kernel serving would choose and
-// the read bandwidth of this machine for the roofline. With --quantize int8|int4 the quantized
+// the read bandwidth of this machine for the roofline. With --layer_order the shapes run as a
+// decode step runs them instead (copy c of each shape, then copy c + 1), each call timed alone,
+// the kernel serving chose. With --quantize int8|int4 the quantized
 // VNNI kernel runs alone (it has no brgemm twin) and its GB/s of packed bytes is held against the
 // read-bandwidth probe.
 #include <omp.h>
@@ -34,6 +36,10 @@ ABSL_FLAG(std::string, copies, "24,24,24,24,1",
 ABSL_FLAG(std::string, dtype, "bf16", "bf16 or f32");
 ABSL_FLAG(int32_t, max_m, 8, "largest M measured");
 ABSL_FLAG(int32_t, repeats, 7, "measurements per kernel and M (the median is printed)");
+ABSL_FLAG(bool, layer_order, false,
+          "run the shapes as decode does, one layer (copy) after another, each call timed on "
+          "its own: GB/s per shape from memory, where the default alternating passes over one "
+          "shape's copies can find part of a small shape's copies still in L3");
 ABSL_FLAG(std::string, quantize, "none",
           "none, or int8 / int4: time the quantized kernel on weights packed that way");
 
@@ -132,6 +138,62 @@ int QuantizedMain(Backend& backend, Quantization quantization, int max_m, int re
   return 0;
 }
 
+// --layer_order: copy c of every shape that has one, shape by shape, then the next copy (as a
+// decode step runs a model's layers), at M = 1..max_m; per shape the GB/s of its packed bytes,
+// each call timed alone, median over `repeats` passes, against the probe taken before the pass.
+int LayerOrderMain(Backend& backend, DType dtype, Quantization quantization, int max_m,
+                   int repeats) {
+  std::printf("backend %s, %s weights, %s, layer order\n",
+              std::string(backend.description()).c_str(), std::string(DTypeName(dtype)).c_str(),
+              std::string(QuantizationName(quantization)).c_str());
+  std::mt19937 rng(7);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  const std::vector<Shape> shapes = ParseShapes();
+  std::vector<std::vector<std::unique_ptr<PackedLinear>>> linears;
+  int layers = 0;
+  int64_t widest = 0;
+  for (const Shape& shape : shapes) {
+    linears.push_back(PackCopies(backend, shape, dtype, quantization, rng, normal));
+    layers = std::max(layers, shape.copies);
+    widest = std::max({widest, shape.k, shape.n});
+  }
+  std::vector<float> x(static_cast<size_t>(max_m * widest));
+  for (float& v : x) v = normal(rng);
+  std::vector<float> y(static_cast<size_t>(max_m * widest));
+  std::printf("%-14s %6s %2s %10s %10s %8s %12s\n", "K x N", "copies", "M", "GB/s", "probe GB/s",
+              "÷ probe", "us a call");
+  for (int m = 1; m <= max_m; ++m) {
+    std::vector<std::vector<double>> seconds(shapes.size());
+    std::vector<double> probes;
+    for (int pass = 0; pass <= repeats; ++pass) {  // pass 0 warms up
+      const double probe = bench::MeasureReadBandwidth(2);
+      std::vector<double> total(shapes.size(), 0.0);
+      for (int layer = 0; layer < layers; ++layer) {
+        for (size_t s = 0; s < shapes.size(); ++s) {
+          if (layer >= shapes[s].copies) continue;
+          const auto start = Clock::now();
+          CHECK(
+              cpu::RunLinear(*linears[s][static_cast<size_t>(layer)], x.data(), m, y.data()).ok());
+          total[s] += Seconds(start);
+        }
+      }
+      if (pass == 0) continue;
+      probes.push_back(probe);
+      for (size_t s = 0; s < shapes.size(); ++s) seconds[s].push_back(total[s]);
+    }
+    const double probe = Median(probes);
+    for (size_t s = 0; s < shapes.size(); ++s) {
+      double bytes = 0;
+      for (const auto& linear : linears[s]) bytes += static_cast<double>(linear->packed_bytes());
+      const double t = Median(seconds[s]);
+      std::printf("%6ldx%-7ld %6d %2d %10.1f %10.1f %8.2f %12.1f\n", shapes[s].k, shapes[s].n,
+                  shapes[s].copies, m, bytes / t / 1e9, probe / 1e9, bytes / t / probe,
+                  t / shapes[s].copies * 1e6);
+    }
+  }
+  return 0;
+}
+
 int Main() {
   absl::StatusOr<Quantization> quantization = ParseQuantization(absl::GetFlag(FLAGS_quantize));
   CHECK(quantization.ok()) << quantization.status();
@@ -141,6 +203,9 @@ int Main() {
       std::clamp(absl::GetFlag(FLAGS_max_m), 1, static_cast<int>(cpu::kSmallMMaxRows));
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu");
   CHECK(backend.ok()) << backend.status();
+  if (absl::GetFlag(FLAGS_layer_order)) {
+    return LayerOrderMain(**backend, dtype, *quantization, max_m, repeats);
+  }
   if (*quantization != Quantization::kNone) {
     return QuantizedMain(**backend, *quantization, max_m, repeats);
   }
