@@ -86,13 +86,13 @@ const std::vector<Command>& Commands() {
        {"json", KILN_ADMIN_FLAGS},
        &ModelsList},
       {"models load",
-       "NAME PATH [--dtype bf16|f32] [--quantize int8|int4] [--backend cpu] [--format F]\n"
-       "    [tensorizer flags]",
+       "NAME PATH [--dtype bf16|f32] [--quantize int8|int4] [--kv_cache_dtype auto|f32|bf16]\n"
+       "    [--backend cpu] [--format F] [tensorizer flags]",
        "Load PATH (a model directory or a Tensorizer .tensors file inside one of the server's\n"
        "model roots) as NAME. Key and passphrase files are read by the server, on its machine.",
-       {"dtype", "quantize", "backend", "format", "chat_template", "tensorizer_config",
-        "encryption_key_file", "encryption_passphrase_file", "skip_hash_verification", "hash_check",
-        "json", KILN_ADMIN_FLAGS},
+       {"dtype", "quantize", "kv_cache_dtype", "backend", "format", "chat_template",
+        "tensorizer_config", "encryption_key_file", "encryption_passphrase_file",
+        "skip_hash_verification", "hash_check", "json", KILN_ADMIN_FLAGS},
        &ModelsLoad},
       {"models tensorize",
        "NAME OUT [--dtype bf16|f32] [--prepack] [--overwrite]",

@@ -22,6 +22,10 @@ ABSL_FLAG(bool, prepack, false,
 ABSL_FLAG(std::string, backend, "",
           "run: compute backend (default cpu); models load: the server's backend for the model "
           "(default: the server's --backend)");
+ABSL_FLAG(std::string, kv_cache_dtype, "",
+          "models load: what the model's KV pool stores keys and values as: auto (the model's "
+          "compute dtype), f32 or bf16 (half the memory); default: the server's "
+          "--kv-cache-dtype");
 ABSL_FLAG(int32_t, mtp_layers, 0,
           "synth: also write this many DeepSeek-style MTP heads (random weights; for speculative "
           "decoding tests)");

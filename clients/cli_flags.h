@@ -18,6 +18,7 @@ ABSL_DECLARE_FLAG(uint64_t, max_shard_bytes);
 ABSL_DECLARE_FLAG(bool, overwrite);
 ABSL_DECLARE_FLAG(bool, prepack);
 ABSL_DECLARE_FLAG(std::string, backend);
+ABSL_DECLARE_FLAG(std::string, kv_cache_dtype);
 ABSL_DECLARE_FLAG(int32_t, mtp_layers);
 
 // Tensorizer files (run, tensorize, models load).

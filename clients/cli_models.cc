@@ -14,6 +14,7 @@
 #include "clients/cli_grpc.h"
 #include "kiln/v1/kiln.grpc.pb.h"
 #include "loaders/tensorizer_verify.h"
+#include "models/kv_pool.h"
 #include "models/lifecycle.h"
 
 namespace kiln::cli {
@@ -76,6 +77,11 @@ void PrintModel(const kiln::v1::ModelInfo& model, bool verbose) {
   row("memory", absl::StrCat(Bytes(model.bytes_in_memory()), " (", model.bytes_in_memory(), ")"));
   if (model.vocab_size() > 0) row("vocab", absl::StrCat(model.vocab_size()));
   if (model.max_context() > 0) row("max context", absl::StrCat(model.max_context()));
+  if (model.has_kv_pool() && model.kv_pool().blocks() > 0) {
+    const kiln::v1::KvPoolInfo& pool = model.kv_pool();
+    row("KV pool", absl::StrCat(Bytes(pool.bytes()), " of ", pool.dtype(), ", ", pool.blocks(),
+                                " blocks of ", pool.block_size(), " positions"));
+  }
   if (model.mtp_heads() > 0) {
     row("MTP heads", absl::StrCat(model.mtp_heads(), " (", model.default_num_draft_tokens(),
                                   " draft tokens per step for a greedy request alone)"));
@@ -177,6 +183,10 @@ int ModelsLoad(const Args& args) {
   if (absl::Status parsed = ParseQuantization(quantize).status(); !parsed.ok()) {
     return UsageError("models load", absl::StrCat("--quantize: ", parsed.message()));
   }
+  const std::string kv_cache_dtype = absl::GetFlag(FLAGS_kv_cache_dtype);
+  if (absl::Status parsed = ParseKvCacheDType(kv_cache_dtype).status(); !parsed.ok()) {
+    return UsageError("models load", absl::StrCat("--kv_cache_dtype: ", parsed.message()));
+  }
   if (const std::string check = absl::GetFlag(FLAGS_hash_check); !check.empty()) {
     if (absl::Status parsed = tensorizer::ParseHashCheck(check).status(); !parsed.ok()) {
       return UsageError("models load", absl::StrCat("--hash_check: ", parsed.message()));
@@ -187,6 +197,7 @@ int ModelsLoad(const Args& args) {
   request.set_path(args[1]);
   request.set_dtype(dtype);
   request.set_quantize(quantize);
+  request.set_kv_cache_dtype(kv_cache_dtype);
   request.set_backend(absl::GetFlag(FLAGS_backend));
   request.set_format(absl::GetFlag(FLAGS_format));
   if (const std::string file = absl::GetFlag(FLAGS_chat_template); !file.empty()) {

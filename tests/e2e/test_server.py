@@ -17,6 +17,7 @@ import argparse
 import concurrent.futures
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -548,8 +549,9 @@ class Test:
         out, _ = self.kiln("models", "list", self.server_flag(), f"--admin-token={ADMIN_TOKEN}")
         expect("tiny" in out and "READY" in out, f"`models list`: {out!r}")
         out, _ = self.kiln("models", "load", "tiny3", self.model_dir, "--dtype=f32",
-                           "--backend=cpu", self.server_flag(), token)
+                           "--kv_cache_dtype=bf16", "--backend=cpu", self.server_flag(), token)
         expect("READY" in out and "backend" in out, f"`models load`: {out!r}")
+        expect(re.search(r"KV pool .* of bf16, ", out), f"`models load` KV pool: {out!r}")
         out, _ = self.kiln("models", "unload", "tiny3", self.server_flag(), token)
         expect("tiny3" in out, f"`models unload`: {out!r}")
         # --chat_template sends the file's text: one that does not parse fails that load.
@@ -638,6 +640,9 @@ class Test:
         expect("ALREADY_EXISTS" in err, f"stderr {err!r}")
         _, err = self.kiln("generate", self.server_flag(), "--model=tiny", expect_rc=2)
         expect("--prompt" in err, f"usage error {err!r}")
+        _, err = self.kiln("models", "load", "tiny5", self.model_dir, "--kv_cache_dtype=fp8",
+                           self.server_flag(), f"--admin-token={ADMIN_TOKEN}", expect_rc=2)
+        expect("kv_cache_dtype" in err and "fp8" in err, f"usage error {err!r}")
         out, _ = self.kiln("generate", "--help")
         expect("--max_tokens" in out and "--server" in out, f"help {out!r}")
 
