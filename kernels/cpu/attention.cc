@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels/cpu/ops.h"
+#include "kernels/cpu/parallel_for.h"
 #include "kernels/cpu/vector_math.h"
 
 namespace kiln::cpu {
@@ -51,50 +52,59 @@ void PortableAttention(const AttentionShape& shape, const float* q, int64_t q_st
   const int64_t context = start_pos + n_tokens;
   const float scale = shape.scale;
   const bool parallel = n_tokens * n_heads > 1 && context * n_heads * head_dim >= 4096;
-#pragma omp parallel if (parallel)
-  {
-    std::vector<float> scores(static_cast<size_t>(context));
-    std::vector<float> acc(static_cast<size_t>(head_dim));
-#pragma omp for collapse(2) schedule(dynamic, 1)
-    for (int64_t t = 0; t < n_tokens; ++t) {
-      for (int64_t h = 0; h < n_heads; ++h) {
-        const float* qv = q + t * q_stride + h * head_dim;
-        const int64_t kv_offset = (h / group) * head_dim;
-        const int64_t len = start_pos + t + 1;  // causal: keys 0 .. start_pos + t
-        float max_score = -std::numeric_limits<float>::infinity();
-        for (int64_t p = 0; p < len; ++p) {
-          const T* key = kv.key<T>(p, kv_offset);  // transposed: dimensions block_size apart
-          float dot = 0.0f;
+  // Query (t, h) with this thread's scratch.
+  auto attend = [&](int64_t t, int64_t h, std::vector<float>& scores, std::vector<float>& acc) {
+    const float* qv = q + t * q_stride + h * head_dim;
+    const int64_t kv_offset = (h / group) * head_dim;
+    const int64_t len = start_pos + t + 1;  // causal: keys 0 .. start_pos + t
+    float max_score = -std::numeric_limits<float>::infinity();
+    for (int64_t p = 0; p < len; ++p) {
+      const T* key = kv.key<T>(p, kv_offset);  // transposed: dimensions block_size apart
+      float dot = 0.0f;
 #pragma omp simd reduction(+ : dot)
-          for (int64_t i = 0; i < head_dim; ++i) dot += qv[i] * KvToF32(key[i * block_size]);
-          scores[p] = dot * scale;
-          max_score = std::max(max_score, scores[p]);
-        }
-        float sum = 0.0f;
-        for (int64_t p = 0; p < len; ++p) {
-          scores[p] = std::exp(scores[p] - max_score);
-          sum += scores[p];
-        }
-        float* a = acc.data();
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        // Block by block: the rows inside a block are contiguous.
-        for (int64_t first = 0, b = 0; first < len; first += block_size, ++b) {
-          const T* values = kv.values<T>(b) + kv_offset;
-          const int64_t end = std::min(len - first, block_size);
-          for (int64_t o = 0; o < end; ++o) {
-            const T* vr = values + o * kv_dim;
-            const float w = scores[first + o];
+      for (int64_t i = 0; i < head_dim; ++i) dot += qv[i] * KvToF32(key[i * block_size]);
+      scores[p] = dot * scale;
+      max_score = std::max(max_score, scores[p]);
+    }
+    float sum = 0.0f;
+    for (int64_t p = 0; p < len; ++p) {
+      scores[p] = std::exp(scores[p] - max_score);
+      sum += scores[p];
+    }
+    float* a = acc.data();
+    std::fill(acc.begin(), acc.end(), 0.0f);
+    // Block by block: the rows inside a block are contiguous.
+    for (int64_t first = 0, b = 0; first < len; first += block_size, ++b) {
+      const T* values = kv.values<T>(b) + kv_offset;
+      const int64_t end = std::min(len - first, block_size);
+      for (int64_t o = 0; o < end; ++o) {
+        const T* vr = values + o * kv_dim;
+        const float w = scores[first + o];
 #pragma omp simd
-            for (int64_t i = 0; i < head_dim; ++i) a[i] += w * KvToF32(vr[i]);
-          }
-        }
-        const float inv_sum = 1.0f / sum;
-        float* o = out + t * out_stride + h * head_dim;
-#pragma omp simd
-        for (int64_t i = 0; i < head_dim; ++i) o[i] = a[i] * inv_sum;
+        for (int64_t i = 0; i < head_dim; ++i) a[i] += w * KvToF32(vr[i]);
       }
     }
-  }
+    const float inv_sum = 1.0f / sum;
+    float* o = out + t * out_stride + h * head_dim;
+#pragma omp simd
+    for (int64_t i = 0; i < head_dim; ++i) o[i] = a[i] * inv_sum;
+  };
+  // Every (token, head) query, handed out one at a time when `split`.
+  auto attend_all = [&](bool split) {
+    std::vector<float> scores(static_cast<size_t>(context));
+    std::vector<float> acc(static_cast<size_t>(head_dim));
+    if (!split) {
+      for (int64_t i = 0; i < n_tokens * n_heads; ++i)
+        attend(i / n_heads, i % n_heads, scores, acc);
+      return;
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t i = 0; i < n_tokens * n_heads; ++i) attend(i / n_heads, i % n_heads, scores, acc);
+  };
+  // Serial runs stay outside any OpenMP construct (see parallel_for.h).
+  if (!parallel) return attend_all(false);
+#pragma omp parallel
+  attend_all(true);
 }
 
 // Per-thread state of one tile: its query rows pre-scaled, the running max, sum and output of
@@ -368,8 +378,7 @@ void TiledAttention(const AttentionShape& shape, const float* q, int64_t q_strid
   const int64_t context = start_pos + n_tokens;
   const bool parallel = units > 1 && context * shape.n_heads * shape.head_dim >= 4096;
   // Later tiles see more keys: hand them out first so the threads finish together.
-#pragma omp parallel for schedule(dynamic, 1) if (parallel)
-  for (int64_t u = 0; u < units; ++u) {
+  ParallelForDynamic(units, parallel, [&](int64_t u) {
     const int64_t tile = tiles - 1 - u / shape.n_kv_heads;
     Tile t;
     t.first_token = tile * tile_tokens;
@@ -380,7 +389,7 @@ void TiledAttention(const AttentionShape& shape, const float* q, int64_t q_strid
     } else {
       RunTile<float>(shape, q, q_stride, start_pos, kv, t, out, out_stride);
     }
-  }
+  });
 }
 
 }  // namespace
