@@ -49,7 +49,7 @@ absl::Status ValidateStep(const StepMetadata& step, const StepLimits& limits) {
                                   step.pool.layers <= 0 || step.pool.kv_dim <= 0)) {
     return invalid("no KV pool");
   }
-  if (step.pool.dtype != DType::kF32 && step.pool.dtype != DType::kBF16) {
+  if (!KvPoolHolds(step.pool.dtype)) {
     return invalid("a KV pool of ", DTypeName(step.pool.dtype), "; pools hold F32 or BF16");
   }
   int64_t next_row = 0;

@@ -30,7 +30,7 @@ struct KvPoolRef {
   int64_t block_size = 0;  // positions per block
   int64_t layers = 0;
   int64_t kv_dim = 0;         // num_key_value_heads × head_dim
-  DType dtype = DType::kF32;  // kF32 or kBF16
+  DType dtype = DType::kF32;  // kF32 or kBF16 (KvPoolHolds)
 
   int64_t block_elements() const { return layers * 2 * block_size * kv_dim; }
   // The keys (which = 0) or values (which = 1) of `layer` in `block`: block_size · kv_dim
@@ -45,6 +45,9 @@ struct KvPoolRef {
   int64_t key_index(int64_t offset, int64_t i) const { return i * block_size + offset; }
   int64_t value_index(int64_t offset, int64_t i) const { return offset * kv_dim + i; }
 };
+
+// Whether a KV pool can hold elements of `dtype`: fp32, or bf16.
+constexpr bool KvPoolHolds(DType dtype) { return dtype == DType::kF32 || dtype == DType::kBF16; }
 
 // The rows of one sequence in a step: rows [first_row, first_row + rows) hold its new tokens at
 // positions [start_position, start_position + rows); positions below start_position are already

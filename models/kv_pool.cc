@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "kernels/step.h"
 
 namespace kiln {
 
@@ -39,7 +40,7 @@ absl::StatusOr<std::shared_ptr<KvPool>> KvPool::Create(Backend& backend, int64_t
   }
   if (layers < 1 || kv_dim < 1) return absl::InvalidArgumentError("a KV pool needs layers");
   const DType dtype = options.dtype.value_or(DType::kF32);
-  if (dtype != DType::kF32 && dtype != DType::kBF16) {
+  if (!KvPoolHolds(dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("a KV pool holds f32 or bf16, not ", DTypeName(dtype)));
   }
@@ -173,7 +174,7 @@ void KvPool::Cache(int32_t id, const BlockHash& hash) {
 absl::StatusOr<std::optional<DType>> ParseKvCacheDType(absl::string_view name) {
   if (name.empty() || name == "auto") return std::nullopt;
   absl::StatusOr<DType> dtype = ParseDTypeApiName(name);
-  if (!dtype.ok() || (*dtype != DType::kF32 && *dtype != DType::kBF16)) {
+  if (!dtype.ok() || !KvPoolHolds(*dtype)) {
     return absl::InvalidArgumentError(
         absl::StrCat("kv_cache_dtype must be \"auto\", \"f32\" or \"bf16\", got \"", name, "\""));
   }

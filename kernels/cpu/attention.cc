@@ -35,10 +35,6 @@ constexpr int64_t kMaxHeadDim = 512;
 // enough that a prefill still splits into many tiles for the threads.
 constexpr int64_t kTargetTileRows = 32;
 
-// A pool element as fp32.
-inline float KvToF32(float value) { return value; }
-inline float KvToF32(uint16_t bf16) { return BF16ToF32(bf16); }
-
 // One query at a time, key by key: any head_dim, any CPU. T is the pool's element.
 template <typename T>
 void PortableAttention(const AttentionShape& shape, const float* q, int64_t q_stride,

@@ -113,6 +113,19 @@ class CpuContext final : public ExecutionContext {
     return cpu::RunLinear(linear, in.f32(), in.rows, out.f32());
   }
 
+  // Key `k` and value `v` (kv_dim values each) of the position at `offset` in `block`, as the
+  // pool's element T.
+  template <typename T>
+  static void StoreKv(const KvPoolRef& pool, int32_t block, int64_t layer, int64_t offset,
+                      const float* k, const float* v) {
+    T* keys = pool.rows<T>(block, layer, 0);
+    T* values = pool.rows<T>(block, layer, 1) + pool.value_index(offset, 0);
+    for (int64_t i = 0; i < pool.kv_dim; ++i) {
+      keys[pool.key_index(offset, i)] = cpu::KvFromF32<T>(k[i]);
+      values[i] = cpu::KvFromF32<T>(v[i]);
+    }
+  }
+
   absl::Status DoRopeAndAppendKv(const TensorView& qkv, const AttentionShape& shape,
                                  const TensorView& inv_freq, int64_t layer) override {
     const StepMetadata& s = step();
@@ -132,19 +145,10 @@ class CpuContext final : public ExecutionContext {
         const int64_t offset = p % block_size;
         const float* src = rows + (seq.first_row + t) * qkv.row_stride + q_dim;
         if (s.pool.dtype == DType::kBF16) {
-          uint16_t* keys = s.pool.rows<uint16_t>(block, layer, 0);
-          for (int64_t i = 0; i < kv_dim; ++i) {
-            keys[s.pool.key_index(offset, i)] = F32ToBF16(src[i]);
-          }
-          ConvertFromF32(DType::kBF16, src + kv_dim, kv_dim,
-                         reinterpret_cast<std::byte*>(s.pool.rows<uint16_t>(block, layer, 1) +
-                                                      s.pool.value_index(offset, 0)));
-          continue;
+          StoreKv<uint16_t>(s.pool, block, layer, offset, src, src + kv_dim);
+        } else {
+          StoreKv<float>(s.pool, block, layer, offset, src, src + kv_dim);
         }
-        float* keys = s.pool.rows<float>(block, layer, 0);
-        for (int64_t i = 0; i < kv_dim; ++i) keys[s.pool.key_index(offset, i)] = src[i];
-        std::copy(src + kv_dim, src + 2 * kv_dim,
-                  s.pool.rows<float>(block, layer, 1) + s.pool.value_index(offset, 0));
       }
     }
     return absl::OkStatus();

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "kernels/backend.h"
 
@@ -39,6 +40,19 @@ void Add(float* y, int64_t y_stride, const float* x, int64_t x_stride, int64_t r
 // out + i·out_stride). Ids are checked by the caller.
 void EmbeddingLookup(const WeightView& table, const int32_t* ids, int64_t n, float* out,
                      int64_t out_stride);
+
+// A pool element (float for kF32, uint16_t bf16 bits for kBF16) from and to fp32: bf16 rounds to
+// nearest even on the way in and widens exactly on the way out.
+inline float KvToF32(float value) { return value; }
+inline float KvToF32(uint16_t bf16) { return BF16ToF32(bf16); }
+template <typename T>
+T KvFromF32(float value) {
+  if constexpr (std::is_same_v<T, uint16_t>) {
+    return F32ToBF16(value);
+  } else {
+    return value;
+  }
+}
 
 // One layer of one sequence in the KV pool: position p lies in block table[p / block_size] at
 // offset p % block_size of keys() and values(), laid out as KvPoolRef says (keys transposed).
