@@ -26,6 +26,7 @@
 #include "bench/read_bandwidth.h"
 #include "clients/synth.h"
 #include "kernels/backend_registry.h"
+#include "kernels/cpu/step_team.h"
 #include "loaders/load_model.h"
 #include "models/kv_pool.h"
 
@@ -39,6 +40,9 @@ ABSL_FLAG(std::string, backend, "cpu", "compute backend (kernels/backend_registr
 ABSL_FLAG(std::string, quantize, "", "weight quantization of the linears: none, int8 or int4");
 ABSL_FLAG(std::string, kv_cache_dtype, "auto",
           "what the KV pool stores: auto (the model's compute dtype), f32 or bf16");
+ABSL_FLAG(bool, compare_step_team, true,
+          "also decode with the CPU backend's step team off (a parallel region per op), "
+          "alternating runs, and print the ratio");
 ABSL_FLAG(std::string, checkpoint, "",
           "load this checkpoint (a directory or a .tensors file, e.g. one `kiln tensorize "
           "--prepack` wrote) instead of the synthesized --preset model");
@@ -223,13 +227,31 @@ int Main() {
   // taken just before it, and the efficiency printed is the median of those ratios.
   const double streamed = static_cast<double>(model->bytes_streamed_per_token());
   std::vector<double> prefill_rates, decode_rates, bandwidths, efficiencies;
+  // Decode rate without the step team ÷ with it, per pair of runs (the order alternates).
+  const bool compare_team = absl::GetFlag(FLAGS_compare_step_team);
+  std::vector<double> no_team_rates, team_gains;
   for (int r = 0; r < repeats; ++r) {
     bandwidths.push_back(MeasureReadBandwidth(2));
+    double no_team_rate = 0;
+    auto run_without_team = [&]() -> bool {
+      cpu::EnableStepTeams(false);
+      absl::StatusOr<PrefillAndDecode> run = RunPrefillAndDecode(*model, prompt, decode_tokens);
+      cpu::EnableStepTeams(true);
+      if (!run.ok()) return false;
+      no_team_rate = decode_tokens / run->decode_seconds;
+      return true;
+    };
+    if (compare_team && r % 2 == 1 && !run_without_team()) return 1;
     absl::StatusOr<PrefillAndDecode> run = RunPrefillAndDecode(*model, prompt, decode_tokens);
     if (!run.ok()) return 1;
     prefill_rates.push_back(prompt_tokens / run->prefill_seconds);
     decode_rates.push_back(decode_tokens / run->decode_seconds);
     efficiencies.push_back(streamed * decode_rates.back() / bandwidths.back());
+    if (compare_team && r % 2 == 0 && !run_without_team()) return 1;
+    if (compare_team) {
+      no_team_rates.push_back(no_team_rate);
+      team_gains.push_back(decode_rates.back() / no_team_rate);
+    }
   }
   const double prefill = Median(prefill_rates), decode = Median(decode_rates);
 
@@ -251,6 +273,12 @@ int Main() {
       "decode efficiency         %8.2f  (streamed bytes × tokens/s ÷ the bandwidth probed just "
       "before, median; goal ≥ 0.8)\n",
       Median(efficiencies));
+  if (compare_team) {
+    std::printf(
+        "decode, step team off     %8.2f tokens/s (a parallel region per op); the team gives "
+        "%.3f× (median of %d back-to-back pairs)\n",
+        Median(no_team_rates), Median(team_gains), repeats);
+  }
   PrintStepShares("prefill", prefill_profile, profiled->prefill_seconds, prompt_tokens);
   PrintStepShares("decode step", decode_profile, profiled_seconds, decode_tokens);
   return 0;

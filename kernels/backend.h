@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/functional/function_ref.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -157,6 +158,10 @@ class ExecutionContext {
   // Validates `step` (ValidateStep) and makes it the current step.
   absl::Status BeginStep(const StepMetadata& step);
   const StepMetadata& step() const { return step_; }
+  // Runs `ops`, the current step's ops, and returns its status. A backend may hold resources
+  // across them: the CPU backend keeps its threads in one parallel region for a decode-sized step
+  // (kernels/cpu/step_team.h) instead of starting one per op.
+  absl::Status RunStep(absl::FunctionRef<absl::Status()> ops) { return DoRunStep(ops); }
 
   // out[r] = table[token_ids[r]] as fp32, for every row. table: [vocab, hidden] in any stored
   // dtype; out: [rows, hidden].
@@ -213,6 +218,7 @@ class ExecutionContext {
 
   // The backend's kernels: called after the checks above passed.
   virtual absl::Status DoBeginStep(const StepMetadata& step) = 0;
+  virtual absl::Status DoRunStep(absl::FunctionRef<absl::Status()> ops) { return ops(); }
   virtual absl::Status DoEmbed(const TensorView& table, const EmbedOptions& options,
                                const TensorView& out) = 0;
   virtual absl::Status DoRmsNorm(const TensorView& in, const TensorView& weight, float eps,

@@ -235,6 +235,13 @@ absl::Status PreparedModel::RunSubStep(std::span<const Piece> pieces, const MtpH
                                        std::vector<float>* hidden_out) const {
   ExecutionContext& ctx = *context_;
   KILN_RETURN_IF_ERROR(ctx.BeginStep(step_));
+  return ctx.RunStep([&] { return RunStepOps(pieces, head, logits, hidden_out); });
+}
+
+absl::Status PreparedModel::RunStepOps(std::span<const Piece> pieces, const MtpHead* head,
+                                       std::vector<float>* logits,
+                                       std::vector<float>* hidden_out) const {
+  ExecutionContext& ctx = *context_;
   const int64_t rows = step_.rows();
   const int64_t hidden = config_.hidden_size;
   const TensorView x = buffers_.residual.Rows(0, rows);

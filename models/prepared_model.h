@@ -189,6 +189,10 @@ class PreparedModel {
   absl::Status RunSubStep(std::span<const Piece> pieces, const MtpHead* head,
                           std::vector<float>* logits, std::vector<float>* hidden_out) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
+  // The sub-step's ops, run by the context (ExecutionContext::RunStep) on the calling thread.
+  absl::Status RunStepOps(std::span<const Piece> pieces, const MtpHead* head,
+                          std::vector<float>* logits, std::vector<float>* hidden_out) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // Final norm and LM head of the sub-step's rows of `x` that want logits (appended to
   // `logits`); when `normed_out` is given, every row is normalized and appended to it first.
   absl::Status NormAndLogits(const TensorView& x, const TensorView& norm,

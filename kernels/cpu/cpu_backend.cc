@@ -15,11 +15,14 @@
 #include "absl/strings/str_cat.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
+#include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/host_memory.h"
 #include "kernels/cpu/onednn_images.h"
 #include "kernels/cpu/onednn_linear.h"
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/quantized_linear.h"
+#include "kernels/cpu/small_m_linear.h"
+#include "kernels/cpu/step_team.h"
 
 namespace kiln {
 namespace {
@@ -72,12 +75,33 @@ void CopyRows(const std::byte* src, size_t src_stride, std::byte* dst, size_t ds
 class CpuContext final : public ExecutionContext {
  public:
   CpuContext(StepLimits limits, DeviceBuffer scratch)
-      : ExecutionContext(Device{}, limits, std::move(scratch)) {}
+      : ExecutionContext(Device{}, limits, std::move(scratch)),
+        threads_(omp_get_max_threads()),
+        team_max_rows_(cpu::Avx512Supported() ? cpu::kSmallMMaxRows : 0) {}
 
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
  protected:
   absl::Status DoBeginStep(const StepMetadata& /*step*/) override { return absl::OkStatus(); }
+
+  // A step of up to team_max_rows_ rows (decode, speculative verification) runs on a team held
+  // for the whole step: its linears take the small-M and quantized kernels, which run on the
+  // team. A step that still met work the team could not share (oneDNN, on a CPU where the
+  // small-M kernel does not give brgemm's bits) lowers the limit below its rows, so that such
+  // steps go back to a parallel region per op.
+  absl::Status DoRunStep(absl::FunctionRef<absl::Status()> ops) override {
+    const int64_t rows = step().rows();
+    if (threads_ <= 1 || rows > team_max_rows_ || !cpu::StepTeamsEnabled()) return ops();
+    bool ran_serial_work = false;
+    absl::Status status = cpu::StepTeam::Hold(threads_, ops, &ran_serial_work);
+    if (ran_serial_work) {
+      team_max_rows_ = rows - 1;
+      LOG(INFO) << "CPU steps of " << rows << " rows ran a oneDNN primitive on one thread inside "
+                << "a step's thread team; steps of more than " << team_max_rows_
+                << " rows now start a parallel region per op instead";
+    }
+    return status;
+  }
 
   absl::Status DoEmbed(const TensorView& table, const EmbedOptions& options,
                        const TensorView& out) override {
@@ -199,6 +223,10 @@ class CpuContext final : public ExecutionContext {
              static_cast<std::byte*>(host), row_bytes, src.rows, row_bytes);
     return absl::OkStatus();
   }
+
+ private:
+  const int threads_;
+  int64_t team_max_rows_;  // steps of more rows run without a team
 };
 
 class CpuBackend final : public Backend {

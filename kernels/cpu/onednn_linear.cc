@@ -31,6 +31,7 @@
 #include "kernels/cpu/onednn_primitives.h"
 #include "kernels/cpu/quantized_linear.h"
 #include "kernels/cpu/small_m_linear.h"
+#include "kernels/cpu/step_team.h"
 
 namespace kiln::cpu {
 namespace {
@@ -287,6 +288,16 @@ class OneDnnLinear final : public PackedLinear {
     if (path == LinearPath::kSmallM || (path == LinearPath::kChosen && UsesSmallM(m))) {
       RunSmallM(*panel_, x, m, y, omp_get_max_threads());
       return absl::OkStatus();
+    }
+    if (StepTeam* team = StepTeam::Current(); team != nullptr && path == LinearPath::kChosen) {
+      // Inside a step's team, oneDNN's own parallel region would be nested and run on one
+      // thread; the small-M kernel runs on the team, and where it gives brgemm's bits the result
+      // is the same.
+      if (panel_ && m <= kSmallMMaxRows && small_m_bit_identical_) {
+        RunSmallM(*panel_, x, m, y, team->size());
+        return absl::OkStatus();
+      }
+      team->NoteSerialWork();
     }
     try {
       dnnl::stream& stream = ThreadStream(engine_);

@@ -1,9 +1,9 @@
 #include "kernels/cpu/panel_split.h"
 
-#include <omp.h>
-
 #include <algorithm>
 #include <vector>
+
+#include "kernels/cpu/step_team.h"
 
 namespace kiln::cpu {
 
@@ -28,17 +28,15 @@ void ForPanelsBalanced(int64_t panels, int64_t chunk, int threads,
     const int64_t begin = static_cast<int64_t>(c) * chunk;
     run(begin, std::min(panels, begin + chunk));
   };
-#pragma omp parallel num_threads(threads)
-  {
-    const int t = omp_get_thread_num();
+  RunOnThreads(threads, [&](int t, int /*count*/) {
     uint32_t c = 0;
     while (shared[t].Claim(/*from_front=*/true, &c)) run_chunk(c);
-    // Also the runs of threads OpenMP did not start, if it gave fewer than asked.
+    // Also the runs of threads that did not start, if fewer ran than asked.
     for (int step = 1; step < threads; ++step) {
       ChunkRun& other = shared[(t + step) % threads];
       while (other.Claim(/*from_front=*/false, &c)) run_chunk(c);
     }
-  }
+  });
 }
 
 }  // namespace kiln::cpu
