@@ -21,11 +21,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_split.h"
 #include "base/logging.h"
+#include "base/status_macros.h"
 #include "bench/bench_util.h"
 #include "bench/read_bandwidth.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cpu/onednn_linear.h"
 #include "kernels/cpu/small_m_linear.h"
+#include "kernels/cpu/step_team.h"
 #include "kernels/dtype.h"
 #include "kernels/quantization.h"
 
@@ -40,6 +42,9 @@ ABSL_FLAG(bool, layer_order, false,
           "run the shapes as decode does, one layer (copy) after another, each call timed on "
           "its own: GB/s per shape from memory, where the default alternating passes over one "
           "shape's copies can find part of a small shape's copies still in L3");
+ABSL_FLAG(bool, step_team, true,
+          "--layer_order: run the calls on a step's thread team (kernels/cpu/step_team.h), as "
+          "decode does; false: a parallel region per call");
 ABSL_FLAG(std::string, quantize, "none",
           "none, or int8 / int4: time the quantized kernel on weights packed that way");
 
@@ -168,15 +173,21 @@ int LayerOrderMain(Backend& backend, DType dtype, Quantization quantization, int
     for (int pass = 0; pass <= repeats; ++pass) {  // pass 0 warms up
       const double probe = bench::MeasureReadBandwidth(2);
       std::vector<double> total(shapes.size(), 0.0);
-      for (int layer = 0; layer < layers; ++layer) {
-        for (size_t s = 0; s < shapes.size(); ++s) {
-          if (layer >= shapes[s].copies) continue;
-          const auto start = Clock::now();
-          CHECK(
-              cpu::RunLinear(*linears[s][static_cast<size_t>(layer)], x.data(), m, y.data()).ok());
-          total[s] += Seconds(start);
-        }
-      }
+      // As a decode step runs them: on the step's team when teams are on.
+      const absl::Status status = cpu::StepTeam::Hold(
+          cpu::StepTeamsEnabled() ? omp_get_max_threads() : 1, [&]() -> absl::Status {
+            for (int layer = 0; layer < layers; ++layer) {
+              for (size_t s = 0; s < shapes.size(); ++s) {
+                if (layer >= shapes[s].copies) continue;
+                const auto start = Clock::now();
+                KILN_RETURN_IF_ERROR(
+                    cpu::RunLinear(*linears[s][static_cast<size_t>(layer)], x.data(), m, y.data()));
+                total[s] += Seconds(start);
+              }
+            }
+            return absl::OkStatus();
+          });
+      CHECK(status.ok()) << status;
       if (pass == 0) continue;
       probes.push_back(probe);
       for (size_t s = 0; s < shapes.size(); ++s) seconds[s].push_back(total[s]);
@@ -203,6 +214,7 @@ int Main() {
       std::clamp(absl::GetFlag(FLAGS_max_m), 1, static_cast<int>(cpu::kSmallMMaxRows));
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu");
   CHECK(backend.ok()) << backend.status();
+  cpu::EnableStepTeams(absl::GetFlag(FLAGS_step_team));
   if (absl::GetFlag(FLAGS_layer_order)) {
     return LayerOrderMain(**backend, dtype, *quantization, max_m, repeats);
   }
