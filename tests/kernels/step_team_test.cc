@@ -150,7 +150,8 @@ TEST(StepTeamTest, RunOnThreadsWithoutATeam) {
 }
 
 // The CPU context holds a team for a step of up to 8 rows (decode, verification) and not for a
-// larger one, nor while teams are turned off.
+// larger one, nor while teams are turned off, nor for steps as large as one that met work the
+// team could not share.
 TEST(StepTeamTest, CpuContextHoldsATeamForDecodeSizedSteps) {
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu");
   ASSERT_TRUE(backend.ok()) << backend.status();
@@ -188,6 +189,24 @@ TEST(StepTeamTest, CpuContextHoldsATeamForDecodeSizedSteps) {
   EnableStepTeams(true);
   EXPECT_EQ(team_during_step(1), expect_team);
   EXPECT_EQ(StepTeam::Current(), nullptr);
+  if (!expect_team) return;
+  // A step of 5 rows that ran work the team could not share (a oneDNN primitive on one thread):
+  // steps of 5 rows and more then run without a team, smaller ones still with one.
+  StepMetadata step;
+  step.pool = pool;
+  const std::vector<int32_t> ids(5, 1);
+  const std::vector<int32_t> table = {0, 1};
+  step.AddSequence(ids.data(), 5, 0, table);
+  ASSERT_TRUE((*ctx)->BeginStep(step).ok());
+  ASSERT_TRUE((*ctx)
+                  ->RunStep([] {
+                    StepTeam::Current()->NoteSerialWork();
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  EXPECT_FALSE(team_during_step(5));
+  EXPECT_FALSE(team_during_step(8));
+  EXPECT_TRUE(team_during_step(4));
 }
 
 }  // namespace
