@@ -1,8 +1,10 @@
-// Splits a decode-path linear's panels over OpenMP threads so that each thread streams its own
-// contiguous run, yet a thread the machine slows (a busy sibling core, an interrupt) does not hold
-// the layer: each thread takes chunks of its run from the front, and a thread whose run is done
-// takes chunks from the back of the others' runs. Measured on a 2-core VM, the two threads of a
-// static split spent 38 % and 28 % of the decode in the same kernel, the faster one waiting.
+// Splits a decode-path linear's panels over the threads so that each thread streams its own
+// contiguous run as a few long sequential streams, yet a thread the machine slows (a busy sibling
+// core, an interrupt) does not hold the layer: a thread whose run is done takes panels, one a
+// stream, from the backs of the others' runs. Measured on a 2-core VM: with a static split the
+// two threads spent 38 % and 28 % of the decode in the same kernel, the faster one waiting; with
+// stealing in chunks of about 256 KiB, a call still ended with one thread idle for up to a chunk
+// (6-8 µs of a 47 µs bf16 qkv projection, up to 40 % of an int4 one split one chunk a thread).
 #pragma once
 
 #include <algorithm>
@@ -13,16 +15,16 @@
 
 namespace kiln::cpu {
 
-// A thread's run of chunks [front, back), claimed one at a time from either end.
-struct alignas(64) ChunkRun {
+// A run of panels [front, back), claimed one at a time from either end.
+struct alignas(64) PanelRun {
   std::atomic<uint64_t> bounds{0};  // front in the low 32 bits, back in the high 32
 
   static uint64_t Pack(uint32_t front, uint32_t back) { return uint64_t{back} << 32 | front; }
   void Reset(uint32_t front, uint32_t back) {
     bounds.store(Pack(front, back), std::memory_order_relaxed);
   }
-  // The next chunk from the front (the owner) or the back (another thread); false when empty.
-  bool Claim(bool from_front, uint32_t* chunk) {
+  // The next panel from the front (the owner) or the back (another thread); false when empty.
+  bool Claim(bool from_front, uint32_t* panel) {
     uint64_t seen = bounds.load(std::memory_order_relaxed);
     while (true) {
       const auto front = static_cast<uint32_t>(seen);
@@ -30,7 +32,7 @@ struct alignas(64) ChunkRun {
       if (front >= back) return false;
       const uint64_t next = from_front ? Pack(front + 1, back) : Pack(front, back - 1);
       if (bounds.compare_exchange_weak(seen, next, std::memory_order_relaxed)) {
-        *chunk = from_front ? front : back - 1;
+        *panel = from_front ? front : back - 1;
         return true;
       }
     }
@@ -43,49 +45,35 @@ struct alignas(64) ChunkRun {
 // half the 32 vector registers.
 constexpr int StreamsForRows(int64_t rows) { return rows == 1 ? 4 : rows == 2 ? 2 : 1; }
 
-// Reads panels [begin, end) as up to `MaxStreams` runs side by side: calls
-// group.template operator()<S>(first) with first[s] the next panel of run s, first for S =
-// MaxStreams over as many panels as divide into S runs, then what is left in fewer streams
-// (4, 2, 1). Every panel is passed once, and each run in order.
+// Calls group(first, n) for groups of 1 ≤ n ≤ `streams` panels (first[0..n)) read side by side,
+// every panel of [0, panels) once, on up to `threads` threads (the step's team when the caller
+// leads one). Each thread owns a contiguous run of panels, read as `streams` equal sub-runs side
+// by side, one panel of each a call, so that its reads are `streams` long sequential streams; a
+// thread whose run is done takes panels from the backs of the others' sub-runs, one of each a
+// call, so that a thread the machine slows holds the layer up by at most about one panel.
+void ForPanelStreams(int64_t panels, int streams, int threads,
+                     absl::FunctionRef<void(const int64_t* first, int count)> group);
+
+// Calls group.template operator()<S>(first) with S = count (1 ≤ count ≤ MaxStreams ≤ 4) and
+// first the count panel indices, for kernels templated on the number of streams.
 template <int MaxStreams, typename Group>
-void ForStreamGroups(int64_t begin, int64_t end, Group&& group) {
-  static_assert(MaxStreams == 1 || MaxStreams == 2 || MaxStreams == 4);
-  auto runs = [&]<int S>() {
-    const int64_t per_run = (end - begin) / S;
-    for (int64_t i = 0; i < per_run; ++i) {
-      int64_t first[S];
-      for (int s = 0; s < S; ++s) first[s] = begin + s * per_run + i;
-      group.template operator()<S>(first);
-    }
-    begin += S * per_run;
+void ForStreamCount(const int64_t* first, int count, Group&& group) {
+  static_assert(MaxStreams >= 1 && MaxStreams <= 4);
+  auto call = [&]<int S>() {
+    int64_t panels[S];
+    for (int s = 0; s < S; ++s) panels[s] = first[s];
+    group.template operator()<S>(panels);
   };
-  if constexpr (MaxStreams >= 4) runs.template operator()<4>();
-  if constexpr (MaxStreams >= 2) runs.template operator()<2>();
-  runs.template operator()<1>();
-}
-
-// Panels per chunk for `panels` panels of `panel_bytes` on `threads` threads: about 256 KiB of
-// weights, long enough runs for the prefetchers and enough chunks to even out the threads. A
-// kernel that reads `streams` panels side by side gets chunks of a multiple of `streams` where
-// that still leaves at least four chunks per thread; otherwise the chunk keeps its size and
-// the kernel reads fewer streams (a 14-panel down projection in chunks of 4 left one thread 8
-// panels and the other 6). A weight of less than two chunks per thread is split evenly, one chunk
-// each (int4's 28-panel o projection in chunks of 16 left one thread 16 panels and the other 12).
-inline int64_t PanelsPerChunk(int64_t panels, int64_t panel_bytes, int threads,
-                              int64_t streams = 1) {
-  const int64_t chunk =
-      std::max<int64_t>(1, (int64_t{256} << 10) / std::max<int64_t>(1, panel_bytes));
-  if (threads > 1) {
-    const int64_t per_thread = (panels + threads - 1) / threads;
-    if (per_thread < 2 * chunk) return std::max<int64_t>(per_thread, 1);
+  if constexpr (MaxStreams >= 4) {
+    if (count >= 4) return call.template operator()<4>();
   }
-  const int64_t rounded = (chunk + streams - 1) / streams * streams;
-  return panels >= rounded * 4 * std::max(threads, 1) ? rounded : chunk;
+  if constexpr (MaxStreams >= 3) {
+    if (count == 3) return call.template operator()<3>();
+  }
+  if constexpr (MaxStreams >= 2) {
+    if (count == 2) return call.template operator()<2>();
+  }
+  call.template operator()<1>();
 }
-
-// Calls run(begin, end) for consecutive ranges of [0, panels), `chunk` panels at a time (the
-// last shorter), on `threads` OpenMP threads (1: in the caller, in order). Every panel is run once.
-void ForPanelsBalanced(int64_t panels, int64_t chunk, int threads,
-                       absl::FunctionRef<void(int64_t begin, int64_t end)> run);
 
 }  // namespace kiln::cpu

@@ -363,47 +363,42 @@ KILN_VNNI_TARGET void Int4Panels(const PackedView& w, const QuantizedActivations
   }
 }
 
-// Panels [p_begin, p_end) for rows [row0, row0 + R) in up to StreamsForRows(R) runs read side
-// by side.
-template <int R>
-void PassPanels(const PackedView& w, const QuantizedActivations& a, int64_t row0, int64_t p_begin,
-                int64_t p_end, float* y) {
-  ForStreamGroups<StreamsForRows(R)>(p_begin, p_end, [&]<int S>(const int64_t(&first)[S]) {
-    w.kind == Quantization::kInt8 ? Int8Panels<R, S>(w, a, row0, first, y)
-                                  : Int4Panels<R, S>(w, a, row0, first, y);
-  });
-}
-
-// Runs panels [p_begin, p_end) for every row. Up to 4 rows take one pass over the panels; more
-// rows take passes of 4 over each panel in turn, so that the later passes read it from cache.
-void RunPanels(const PackedView& w, const QuantizedActivations& a, int64_t m, int64_t p_begin,
-               int64_t p_end, float* y) {
+// Panels first[0..count) side by side for m ≤ 4 rows (count ≤ StreamsForRows(m)); with more rows
+// each panel in turn, in passes of 4 rows, so that the later passes read it from cache.
+void RunPanelGroup(const PackedView& w, const QuantizedActivations& a, int64_t m,
+                   const int64_t* first, int count, float* y) {
+  auto pass = [&]<int R>(int64_t row0, const int64_t* panels, int n) {
+    ForStreamCount<StreamsForRows(R)>(panels, n, [&]<int S>(const int64_t(&group)[S]) {
+      w.kind == Quantization::kInt8 ? Int8Panels<R, S>(w, a, row0, group, y)
+                                    : Int4Panels<R, S>(w, a, row0, group, y);
+    });
+  };
   switch (m) {
     case 1:
-      return PassPanels<1>(w, a, 0, p_begin, p_end, y);
+      return pass.template operator()<1>(0, first, count);
     case 2:
-      return PassPanels<2>(w, a, 0, p_begin, p_end, y);
+      return pass.template operator()<2>(0, first, count);
     case 3:
-      return PassPanels<3>(w, a, 0, p_begin, p_end, y);
+      return pass.template operator()<3>(0, first, count);
     case 4:
-      return PassPanels<4>(w, a, 0, p_begin, p_end, y);
+      return pass.template operator()<4>(0, first, count);
     default:
       break;
   }
-  for (int64_t p = p_begin; p < p_end; ++p) {
+  for (int i = 0; i < count; ++i) {
     for (int64_t row0 = 0; row0 < m; row0 += kMaxRowsPerPass) {
       switch (std::min<int64_t>(m - row0, kMaxRowsPerPass)) {
         case 1:
-          PassPanels<1>(w, a, row0, p, p + 1, y);
+          pass.template operator()<1>(row0, first + i, 1);
           break;
         case 2:
-          PassPanels<2>(w, a, row0, p, p + 1, y);
+          pass.template operator()<2>(row0, first + i, 1);
           break;
         case 3:
-          PassPanels<3>(w, a, row0, p, p + 1, y);
+          pass.template operator()<3>(row0, first + i, 1);
           break;
         default:
-          PassPanels<4>(w, a, row0, p, p + 1, y);
+          pass.template operator()<4>(row0, first + i, 1);
           break;
       }
     }
@@ -650,11 +645,9 @@ class QuantizedLinear final : public PackedLinear {
                             std::min<int64_t>(threads, view_.panels));
     // More than 4 rows take passes of 4 over one panel at a time.
     const int64_t streams = m <= kMaxRowsPerPass ? StreamsForRows(m) : 1;
-    ForPanelsBalanced(
-        view_.panels,
-        PanelsPerChunk(view_.panels, view_.panel_bytes, static_cast<int>(useful_threads), streams),
-        static_cast<int>(useful_threads),
-        [&](int64_t begin, int64_t end) { RunPanels(view_, a, m, begin, end, y); });
+    ForPanelStreams(
+        view_.panels, static_cast<int>(streams), static_cast<int>(useful_threads),
+        [&](const int64_t* first, int count) { RunPanelGroup(view_, a, m, first, count, y); });
   }
 
  private:

@@ -157,19 +157,15 @@ KILN_AVX512_BF16_TARGET void PanelGroupBf16(const PanelWeights& w, const uint32_
   }
 }
 
-// Panels [p_begin, p_end) in up to StreamsForRows(R) runs read side by side.
-template <int R, int B>
-KILN_AVX512_BF16_TARGET void RowsBf16(const PanelWeights& w, const uint32_t* x, int64_t x_stride,
-                                      int64_t p_begin, int64_t p_end, float* y) {
-  ForStreamGroups<StreamsForRows(R)>(p_begin, p_end, [&]<int S>(const int64_t(&first)[S]) {
-    PanelGroupBf16<R, B, S>(w, x, x_stride, first, y);
-  });
-}
-
-void RangeBf16(const PanelWeights& w, const uint16_t* x, int64_t m, int64_t p_begin, int64_t p_end,
+// Panels first[0..count) side by side (count ≤ StreamsForRows(m)).
+void GroupBf16(const PanelWeights& w, const uint16_t* x, int64_t m, const int64_t* first, int count,
                float* y) {
   const auto* xp = reinterpret_cast<const uint32_t*>(x);
-  ForRowCount(m, [&]<int R, int B>() { RowsBf16<R, B>(w, xp, w.k_padded / 2, p_begin, p_end, y); });
+  ForRowCount(m, [&]<int R, int B>() {
+    ForStreamCount<StreamsForRows(R)>(first, count, [&]<int S>(const int64_t(&panels)[S]) {
+      PanelGroupBf16<R, B, S>(w, xp, w.k_padded / 2, panels, y);
+    });
+  });
 }
 
 // Same rounding as the brgemm path's activation conversion (nearest even).
@@ -283,17 +279,17 @@ void RunSmallM(const PanelWeights& w, const float* x, int64_t m, float* y, int t
     F32Padded(x, m, w.k, w.k_padded, tls_x_f32.data());
     xp = tls_x_f32.data();
   }
-  const int64_t panel_bytes = w.k_padded * kPanelColumns * DTypeSize(w.dtype);
   const int64_t streams = w.dtype == DType::kBF16 ? StreamsForRows(m) : 1;
-  ForPanelsBalanced(panels,
-                    PanelsPerChunk(panels, panel_bytes, static_cast<int>(useful_threads), streams),
-                    static_cast<int>(useful_threads), [&](int64_t begin, int64_t end) {
-                      if (w.dtype == DType::kBF16) {
-                        RangeBf16(w, static_cast<const uint16_t*>(xp), m, begin, end, y);
-                      } else {
-                        RangeF32(w, static_cast<const float*>(xp), m, begin, end, y);
-                      }
-                    });
+  ForPanelStreams(panels, static_cast<int>(streams), static_cast<int>(useful_threads),
+                  [&](const int64_t* first, int count) {
+                    if (w.dtype == DType::kBF16) {
+                      GroupBf16(w, static_cast<const uint16_t*>(xp), m, first, count, y);
+                      return;
+                    }
+                    for (int i = 0; i < count; ++i) {
+                      RangeF32(w, static_cast<const float*>(xp), m, first[i], first[i] + 1, y);
+                    }
+                  });
 }
 
 }  // namespace kiln::cpu

@@ -33,8 +33,8 @@ struct PanelWeights {
 // Whether this CPU runs the small-M kernel for `dtype` (bf16 needs AVX-512 BF16, f32 AVX-512F).
 bool SmallMKernelSupported(DType dtype);
 
-// y[m, n] = x[m, k]·Wᵀ (+ bias) for 1 ≤ m ≤ kSmallMMaxRows, on up to `threads` OpenMP threads
-// (panels in chunks, each thread taking its own first; see panel_split.h). x and y are
+// y[m, n] = x[m, k]·Wᵀ (+ bias) for 1 ≤ m ≤ kSmallMMaxRows, on up to `threads` threads (each its
+// own run of panels first, then the others' from the back; see panel_split.h). x and y are
 // contiguous fp32. The caller checks SmallMKernelSupported.
 void RunSmallM(const PanelWeights& weights, const float* x, int64_t m, float* y, int threads);
 

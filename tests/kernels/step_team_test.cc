@@ -1,6 +1,6 @@
 // StepTeam: a step's ops run on the calling thread while the team's other threads take the jobs
 // it posts; every job runs on each thread once, and what the threads wrote is visible when Run
-// returns. ParallelFor, ParallelForDynamic and ForPanelsBalanced hand their work to the team.
+// returns. ParallelFor, ParallelForDynamic and ForPanelStreams hand their work to the team.
 #include "kernels/cpu/step_team.h"
 
 #include <omp.h>
@@ -116,8 +116,8 @@ TEST(StepTeamTest, LoopsInsideATeamRunEveryIndexOnce) {
                   std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
                   ParallelFor(n, true, [&](int64_t i) { hits[static_cast<size_t>(i)]++; });
                   ParallelForDynamic(n, true, [&](int64_t i) { hits[static_cast<size_t>(i)]++; });
-                  ForPanelsBalanced(n, 3, 2, [&](int64_t begin, int64_t end) {
-                    for (int64_t i = begin; i < end; ++i) hits[static_cast<size_t>(i)]++;
+                  ForPanelStreams(n, 4, 2, [&](const int64_t* first, int count) {
+                    for (int i = 0; i < count; ++i) hits[static_cast<size_t>(first[i])]++;
                   });
                   for (int64_t i = 0; i < n; ++i) {
                     EXPECT_EQ(hits[static_cast<size_t>(i)].load(), 3)
