@@ -44,7 +44,6 @@ class Backoff {
 
 // Clears tls_team and releases the waiting threads when body returns.
 struct LeadScope {
-  StepTeam* team;
   std::atomic<bool>* released;
   ~LeadScope() {
     tls_team = nullptr;
@@ -70,7 +69,7 @@ absl::Status StepTeam::Hold(int threads, absl::FunctionRef<absl::Status()> body,
     if (omp_get_thread_num() == 0) {
       team.size_ = omp_get_num_threads();
       tls_team = &team;
-      LeadScope scope{&team, &team.released_};
+      LeadScope scope{&team.released_};
       status = body();
     } else {
       team.Serve(omp_get_thread_num());
