@@ -296,6 +296,11 @@ class Backend {
   // may override it to place everything in one arena. Errors name the tensor.
   virtual absl::StatusOr<PreparedWeights> Prepare(const PreparePlan& plan);
 
+  // Called on the thread that loaded a model once its post-load stage is done: a backend may
+  // release what it held for that thread's share of the load. The CPU backend releases the
+  // thread's OpenMP workers (see CpuBackend).
+  virtual void FinishLoadOnThisThread() {}
+
   // ---- Execution -------------------------------------------------------------------------------
   virtual absl::StatusOr<std::unique_ptr<ExecutionContext>> CreateContext(
       const ContextOptions& options) = 0;

@@ -287,8 +287,10 @@ absl::StatusOr<std::unique_ptr<PreparedModel>> BuildPreparedModel(WeightSource s
   LOG(INFO) << config.architecture_name << ": " << bound.report.Summary();
 
   start = std::chrono::steady_clock::now();
+  Backend& loaded_on = *backend;
   KILN_ASSIGN_OR_RETURN(std::unique_ptr<PreparedModel> model,
                         PostLoad(std::move(bound), std::move(backend), options));
+  loaded_on.FinishLoadOnThisThread();
   model->timings().bind_seconds = bind_seconds;
   model->timings().post_load_seconds = SecondsSince(start);
   LOG(INFO) << "post-load on backend " << model->backend_name() << " ("

@@ -209,5 +209,28 @@ TEST(StepTeamTest, CpuContextHoldsATeamForDecodeSizedSteps) {
   EXPECT_TRUE(team_during_step(4));
 }
 
+// After a load the CPU backend releases the loading thread's OpenMP workers; a later region on
+// that thread starts them again, and a step team forms as before.
+TEST(StepTeamTest, ThreadsReleasedAfterALoadStartAgain) {
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu");
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  const int threads = omp_get_max_threads();
+  for (int round = 0; round < 3; ++round) {
+    (*backend)->FinishLoadOnThisThread();
+    std::atomic<int> ran{0};
+#pragma omp parallel num_threads(threads)
+    ran++;
+    EXPECT_EQ(ran.load(), threads);
+    (*backend)->FinishLoadOnThisThread();
+    int team_size = 0;
+    ASSERT_TRUE(StepTeam::Hold(threads, [&] {
+                  StepTeam* team = StepTeam::Current();
+                  team_size = team == nullptr ? 1 : team->size();
+                  return absl::OkStatus();
+                }).ok());
+    EXPECT_EQ(team_size, threads);
+  }
+}
+
 }  // namespace
 }  // namespace kiln::cpu
