@@ -313,8 +313,9 @@ class CpuBackend final : public Backend {
   // thread, with workers of their own. libgomp cuts every worker's spin to almost nothing once it
   // manages more threads than there are CPUs, so the load's idle workers made the step thread's
   // workers sleep and be woken for each op: through the engine on the 2-core EPYC, one stream
-  // 50-51 → 56 tokens/s and 16 streams 278-291 → 339-345 once they were released (two runs
-  // each, kiln_kv_cache_bench). A later parallel region on this thread starts them again.
+  // 50-51 → 60 tokens/s and 16 streams 278-291 → 339-342 once they were released (two runs
+  // each, kiln_kv_cache_bench, while every stream decodes). A later parallel region on this thread
+  // starts them again.
   void FinishLoadOnThisThread() override {
     if (!omp_in_parallel()) omp_pause_resource(omp_pause_soft, omp_get_initial_device());
   }
