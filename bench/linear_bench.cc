@@ -36,7 +36,10 @@ ABSL_FLAG(std::string, shapes, "896x1152,896x896,896x9728,4864x896,896x151936",
 ABSL_FLAG(std::string, copies, "24,24,24,24,1",
           "copies of each shape, run one after another per measurement (layers of a model)");
 ABSL_FLAG(std::string, dtype, "bf16", "bf16 or f32");
-ABSL_FLAG(int32_t, max_m, 8, "largest M measured");
+ABSL_FLAG(int32_t, min_m, 1, "smallest M measured");
+ABSL_FLAG(int32_t, max_m, 8,
+          "largest M measured (up to 8, the small-M kernel's limit; up to 64 with --layer_order, "
+          "where larger M runs the kernel serving would choose, as a batched decode step does)");
 ABSL_FLAG(int32_t, repeats, 7, "measurements per kernel and M (the median is printed)");
 ABSL_FLAG(bool, layer_order, false,
           "run the shapes as decode does, one layer (copy) after another, each call timed on "
@@ -105,7 +108,7 @@ std::vector<std::unique_ptr<PackedLinear>> PackCopies(Backend& backend, const Sh
 
 // The quantized kernel alone, M = 1..max_m: GB/s of its packed bytes (scales included) and that
 // over the read bandwidth probed just before the shape.
-int QuantizedMain(Backend& backend, Quantization quantization, int max_m, int repeats) {
+int QuantizedMain(Backend& backend, Quantization quantization, int min_m, int max_m, int repeats) {
   std::printf("backend %s, %s weights\n", std::string(backend.description()).c_str(),
               std::string(QuantizationName(quantization)).c_str());
   std::printf("%-14s %6s %2s %10s %10s %8s\n", "K x N", "copies", "M", "GB/s", "probe GB/s",
@@ -125,7 +128,7 @@ int QuantizedMain(Backend& backend, Quantization quantization, int max_m, int re
     for (float& v : x) v = normal(rng);
     std::vector<float> y(static_cast<size_t>(max_m * shape.n));
     const double bandwidth = bench::MeasureReadBandwidth(2);
-    for (int m = 1; m <= max_m; ++m) {
+    for (int m = min_m; m <= max_m; ++m) {
       auto pass = [&] {
         const auto start = Clock::now();
         for (const auto& linear : linears)
@@ -146,7 +149,7 @@ int QuantizedMain(Backend& backend, Quantization quantization, int max_m, int re
 // --layer_order: copy c of every shape that has one, shape by shape, then the next copy (as a
 // decode step runs a model's layers), at M = 1..max_m; per shape the GB/s of its packed bytes,
 // each call timed alone, median over `repeats` passes, against the probe taken before the pass.
-int LayerOrderMain(Backend& backend, DType dtype, Quantization quantization, int max_m,
+int LayerOrderMain(Backend& backend, DType dtype, Quantization quantization, int min_m, int max_m,
                    int repeats) {
   std::printf("backend %s, %s weights, %s, layer order\n",
               std::string(backend.description()).c_str(), std::string(DTypeName(dtype)).c_str(),
@@ -167,15 +170,17 @@ int LayerOrderMain(Backend& backend, DType dtype, Quantization quantization, int
   std::vector<float> y(static_cast<size_t>(max_m * widest));
   std::printf("%-14s %6s %2s %10s %10s %8s %12s\n", "K x N", "copies", "M", "GB/s", "probe GB/s",
               "÷ probe", "us a call");
-  for (int m = 1; m <= max_m; ++m) {
+  for (int m = min_m; m <= max_m; ++m) {
     std::vector<std::vector<double>> seconds(shapes.size());
     std::vector<double> probes;
     for (int pass = 0; pass <= repeats; ++pass) {  // pass 0 warms up
       const double probe = bench::MeasureReadBandwidth(2);
       std::vector<double> total(shapes.size(), 0.0);
-      // As a decode step runs them: on the step's team when teams are on.
-      const absl::Status status = cpu::StepTeam::Hold(
-          cpu::StepTeamsEnabled() ? omp_get_max_threads() : 1, [&]() -> absl::Status {
+      // As a decode step runs them: on the step's team when teams are on and M is one a team
+      // takes.
+      const bool team = cpu::StepTeamsEnabled() && m <= cpu::kSmallMMaxRows;
+      const absl::Status status =
+          cpu::StepTeam::Hold(team ? omp_get_max_threads() : 1, [&]() -> absl::Status {
             for (int layer = 0; layer < layers; ++layer) {
               for (size_t s = 0; s < shapes.size(); ++s) {
                 if (layer >= shapes[s].copies) continue;
@@ -210,16 +215,18 @@ int Main() {
   CHECK(quantization.ok()) << quantization.status();
   const DType dtype = absl::GetFlag(FLAGS_dtype) == "f32" ? DType::kF32 : DType::kBF16;
   const int repeats = std::max(1, absl::GetFlag(FLAGS_repeats));
-  const int max_m =
-      std::clamp(absl::GetFlag(FLAGS_max_m), 1, static_cast<int>(cpu::kSmallMMaxRows));
+  const bool layer_order = absl::GetFlag(FLAGS_layer_order);
+  const int max_m = std::clamp(absl::GetFlag(FLAGS_max_m), 1,
+                               layer_order ? 64 : static_cast<int>(cpu::kSmallMMaxRows));
+  const int min_m = std::clamp(absl::GetFlag(FLAGS_min_m), 1, max_m);
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu");
   CHECK(backend.ok()) << backend.status();
   cpu::EnableStepTeams(absl::GetFlag(FLAGS_step_team));
-  if (absl::GetFlag(FLAGS_layer_order)) {
-    return LayerOrderMain(**backend, dtype, *quantization, max_m, repeats);
+  if (layer_order) {
+    return LayerOrderMain(**backend, dtype, *quantization, min_m, max_m, repeats);
   }
   if (*quantization != Quantization::kNone) {
-    return QuantizedMain(**backend, *quantization, max_m, repeats);
+    return QuantizedMain(**backend, *quantization, min_m, max_m, repeats);
   }
   std::printf("backend %s, %s weights\n", std::string((*backend)->description()).c_str(),
               std::string(DTypeName(dtype)).c_str());
@@ -240,7 +247,7 @@ int Main() {
     for (float& v : x) v = normal(rng);
     std::vector<float> y_small(static_cast<size_t>(max_m * shape.n));
     std::vector<float> y_brgemm(y_small.size());
-    for (int m = 1; m <= max_m; ++m) {
+    for (int m = min_m; m <= max_m; ++m) {
       auto pass = [&](cpu::LinearPath path, std::vector<float>& y) {
         const auto start = Clock::now();
         for (const auto& linear : linears) {

@@ -88,17 +88,28 @@ class CpuContext final : public ExecutionContext {
   // for the whole step: its linears take the small-M and quantized kernels, which run on the
   // team. A step that still met work the team could not share (oneDNN, on a CPU where the
   // small-M kernel does not give brgemm's bits) lowers the limit below its rows, so that such
-  // steps go back to a parallel region per op.
+  // steps go back to a parallel region per op. A step whose linears ran the small-M kernel where
+  // brgemm was measured faster at its rows (more rows than the small-M kernel wins on this CPU,
+  // or KILN_LINEAR_KERNEL=brgemm) marks its row count: such steps run without a team from then
+  // on, so that brgemm gets them.
   absl::Status DoRunStep(absl::FunctionRef<absl::Status()> ops) override {
     const int64_t rows = step().rows();
-    if (threads_ <= 1 || rows > team_max_rows_ || !cpu::StepTeamsEnabled()) return ops();
-    bool ran_serial_work = false;
-    absl::Status status = cpu::StepTeam::Hold(threads_, ops, &ran_serial_work);
-    if (ran_serial_work) {
+    if (threads_ <= 1 || rows < 1 || rows > team_max_rows_ || !cpu::StepTeamsEnabled() ||
+        (rows_without_team_ >> (rows - 1) & 1u) != 0) {
+      return ops();
+    }
+    cpu::StepTeam::Report report;
+    absl::Status status = cpu::StepTeam::Hold(threads_, ops, &report);
+    if (report.ran_serial_work) {
       team_max_rows_ = rows - 1;
       LOG(INFO) << "CPU steps of " << rows << " rows ran a oneDNN primitive on one thread inside "
                 << "a step's thread team; steps of more than " << team_max_rows_
                 << " rows now start a parallel region per op instead";
+    } else if (report.faster_without_team) {
+      rows_without_team_ |= 1u << (rows - 1);
+      LOG(INFO) << "CPU steps of " << rows << " rows ran the small-M kernel inside a step's "
+                << "thread team where brgemm was measured faster at " << rows
+                << " rows; such steps now start a parallel region per op instead";
     }
     return status;
   }
@@ -226,7 +237,8 @@ class CpuContext final : public ExecutionContext {
 
  private:
   const int threads_;
-  int64_t team_max_rows_;  // steps of more rows run without a team
+  int64_t team_max_rows_;           // steps of more rows run without a team
+  uint32_t rows_without_team_ = 0;  // bit r-1 set: steps of r rows run without a team
 };
 
 class CpuBackend final : public Backend {

@@ -12,6 +12,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
 #include "base/logging.h"
+#include "kernels/cpu/small_m_linear.h"
 
 namespace kiln::cpu {
 namespace {
@@ -26,13 +27,15 @@ Memo& TheMemo() {
   return *memo;
 }
 
+constexpr int kMaxSmallMRows = static_cast<int>(kSmallMMaxRows);
+
 // The measured M and the rows each stands for.
 struct Bucket {
   int64_t m;
   int first;
   int last;
 };
-constexpr Bucket kBuckets[] = {{1, 1, 1}, {3, 2, 4}, {8, 5, 8}};
+constexpr Bucket kBuckets[] = {{1, 1, 1}, {3, 2, 4}, {8, 5, 8}, {16, 9, 16}};
 // Timed rounds per kernel and bucket, after one untimed round each, alternating kernels so that
 // the machine's slower drifts (shared memory bandwidth) fall on both.
 constexpr int kTimedRounds = 5;
@@ -50,7 +53,7 @@ uint32_t RowsMask(int first, int last) {
 
 std::string RowsText(uint32_t mask) {
   std::vector<std::string> parts;
-  for (int m = 1; m <= 8; ++m) {
+  for (int m = 1; m <= kMaxSmallMRows; ++m) {
     if (mask >> (m - 1) & 1u) parts.push_back(absl::StrCat(m));
   }
   return parts.empty() ? "none" : absl::StrJoin(parts, ",");
@@ -150,6 +153,7 @@ KernelChoice ChooseKernel(const LinearShape& shape, ProbeFn probe, RoundFn round
   if (KnownChoice(shape, &choice)) return choice;
   const Pin pin = ThePin();
   bool found = false;
+  bool copied = false;
   for (int64_t k_block : Candidates(shape, like)) {
     if (probe(k_block)) {
       choice.k_block = k_block;
@@ -164,16 +168,18 @@ KernelChoice ChooseKernel(const LinearShape& shape, ProbeFn probe, RoundFn round
     choice.summary = "brgemm for every M (KILN_LINEAR_KERNEL=brgemm)";
   } else if (pin == Pin::kSmallM) {
     if (!found) probe(choice.k_block);
-    choice.small_m_rows = RowsMask(1, 8);
-    choice.summary = "small-M kernel for M ≤ 8 (KILN_LINEAR_KERNEL=small_m)";
+    choice.small_m_rows = RowsMask(1, kMaxSmallMRows);
+    choice.summary =
+        absl::StrCat("small-M kernel for M ≤ ", kMaxSmallMRows, " (KILN_LINEAR_KERNEL=small_m)");
   } else if (like != nullptr && like->k_block == choice.k_block) {
     choice.small_m_rows = like->small_m_rows;
     choice.summary = absl::StrCat("as ", DescribeShape(*like_shape), ": ", like->summary);
+    copied = true;  // like's summary names its blocking already
   } else {
     const uint32_t rows = Measure(round, &choice.summary);  // outside the lock: milliseconds
     choice.small_m_rows = rows;
   }
-  if (found && choice.small_m_rows != 0) {
+  if (found && choice.small_m_rows != 0 && !copied) {
     absl::StrAppend(&choice.summary, "; K blocks of ",
                     choice.k_block == 0 ? std::string("all of K") : absl::StrCat(choice.k_block),
                     ", bit-identical to brgemm");

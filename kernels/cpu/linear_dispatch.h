@@ -27,7 +27,7 @@ struct LinearShape {
 };
 
 struct KernelChoice {
-  uint32_t small_m_rows = 0;   // bit m-1 set: the small-M kernel runs m rows (1 ≤ m ≤ 8)
+  uint32_t small_m_rows = 0;   // bit m-1 set: the small-M kernel runs m rows (1 ≤ m ≤ 16)
   int64_t k_block = 0;         // PanelWeights::k_block that reproduces brgemm's sums
   bool bit_identical = false;  // that blocking was found
   std::string summary;         // for the log: the rows each kernel got and the times behind it
@@ -46,8 +46,8 @@ using RoundFn = absl::FunctionRef<void(int64_t m, bool small_m)>;
 //     changes a result (greedy output alone = in a batch = verified by speculation);
 //  2. then the kernel per M is pinned by KILN_LINEAR_KERNEL, taken from `like` (a shape too large
 //     to time: an LM head takes the choice of the largest timed shape with its K) when `like`'s
-//     blocking reproduces this shape too, or measured with `round` (M = 1, 3 and 8 stand for 1,
-//     2-4 and 5-8; alternating kernels; medians). Thread-safe.
+//     blocking reproduces this shape too, or measured with `round` (M = 1, 3, 8 and 16 stand
+//     for 1, 2-4, 5-8 and 9-16; alternating kernels; medians). Thread-safe.
 KernelChoice ChooseKernel(const LinearShape& shape, ProbeFn probe, RoundFn round,
                           const LinearShape* like_shape = nullptr,
                           const KernelChoice* like = nullptr);

@@ -292,9 +292,11 @@ class OneDnnLinear final : public PackedLinear {
     if (StepTeam* team = StepTeam::Current(); team != nullptr && path == LinearPath::kChosen) {
       // Inside a step's team, oneDNN's own parallel region would be nested and run on one
       // thread; the small-M kernel runs on the team, and where it gives brgemm's bits the result
-      // is the same.
+      // is the same. brgemm was chosen for these rows, so the team tells its step to run such
+      // steps without a team from now on.
       if (panel_ && m <= kSmallMMaxRows && small_m_bit_identical_) {
         RunSmallM(*panel_, x, m, y, team->size());
+        team->NoteFasterWithoutTeam();
         return absl::OkStatus();
       }
       team->NoteSerialWork();
@@ -493,19 +495,23 @@ absl::StatusOr<KernelChoice> FindChoice(const ShapeGroup& group, const ShapeGrou
   std::vector<float> x(static_cast<size_t>(rows * shape.k));
   for (size_t i = 0; i < x.size(); ++i) x[i] = std::sin(0.37f * static_cast<float>(i)) + 0.01f;
   std::vector<float> y(static_cast<size_t>(rows * shape.n));
-  std::vector<float> reference;
+  // One row, one pass of rows and two passes (small_m_linear.h), each against brgemm at that M.
+  const int64_t probed_rows[] = {1, 8, rows};
+  std::vector<std::vector<float>> reference;
   auto probe = [&](int64_t k_block) {
     for (OneDnnLinear* linear : group.members) linear->set_k_block(k_block);
     OneDnnLinear* first = group.members.front();
     if (reference.empty()) {
-      reference.resize(y.size() + static_cast<size_t>(shape.n));
-      run(first, x.data(), 1, reference.data(), LinearPath::kBrgemm);
-      run(first, x.data(), rows, reference.data() + shape.n, LinearPath::kBrgemm);
+      for (const int64_t m : probed_rows) {
+        reference.emplace_back(static_cast<size_t>(m * shape.n));
+        run(first, x.data(), m, reference.back().data(), LinearPath::kBrgemm);
+      }
     }
-    for (const int64_t m : {int64_t{1}, rows}) {
+    for (size_t i = 0; i < reference.size(); ++i) {
+      const int64_t m = probed_rows[i];
       run(first, x.data(), m, y.data(), LinearPath::kSmallM);
-      const float* expected = reference.data() + (m == 1 ? 0 : shape.n);
-      if (std::memcmp(y.data(), expected, static_cast<size_t>(m * shape.n) * sizeof(float)) != 0) {
+      if (std::memcmp(y.data(), reference[i].data(),
+                      static_cast<size_t>(m * shape.n) * sizeof(float)) != 0) {
         return false;
       }
     }
@@ -681,6 +687,11 @@ bool HasSmallMKernel(const PackedLinear& linear) {
 bool SmallMKernelIsBitIdentical(const PackedLinear& linear) {
   const auto* packed = dynamic_cast<const OneDnnLinear*>(&linear);
   return packed != nullptr && packed->has_small_m() && packed->small_m_bit_identical();
+}
+
+bool ChoosesSmallM(const PackedLinear& linear, int64_t m) {
+  const auto* packed = dynamic_cast<const OneDnnLinear*>(&linear);
+  return packed != nullptr && m >= 1 && packed->UsesSmallM(m);
 }
 
 }  // namespace kiln::cpu

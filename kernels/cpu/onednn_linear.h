@@ -49,5 +49,8 @@ bool HasSmallMKernel(const PackedLinear& linear);
 // Whether it gives brgemm's results bit for bit on this linear (linear_dispatch.h); where it does
 // not, serving runs brgemm only.
 bool SmallMKernelIsBitIdentical(const PackedLinear& linear);
+// Whether LinearPath::kChosen runs the small-M kernel at `m` rows outside a step team (what the
+// dispatcher measured or KILN_LINEAR_KERNEL pinned).
+bool ChoosesSmallM(const PackedLinear& linear, int64_t m);
 
 }  // namespace kiln::cpu

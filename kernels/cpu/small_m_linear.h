@@ -3,7 +3,9 @@
 // K, stored contiguously (oneDNN's BA16a64b2a for bf16, BA16a64b for f32), so each thread streams
 // its own run of panels once for all rows, with fp32 accumulators in registers (`vdpbf16ps` for
 // bf16); for one or two bf16 rows a thread reads up to four panels side by side (more sequential
-// streams in flight). Larger M stays with oneDNN's brgemm.
+// streams in flight); 5-16 rows (speculative verification, a batched decode step) take each
+// panel in 8 KiB chunks, passes of rows and columns over a chunk from L1. Larger M stays with
+// oneDNN's brgemm.
 #pragma once
 
 #include <cstdint>
@@ -15,7 +17,7 @@ namespace kiln::cpu {
 // Columns per panel.
 inline constexpr int64_t kPanelColumns = 64;
 // The most rows one call takes; larger M goes to brgemm.
-inline constexpr int64_t kSmallMMaxRows = 8;
+inline constexpr int64_t kSmallMMaxRows = 16;
 
 struct PanelWeights {
   const void* data = nullptr;  // ceil(n / 64) panels, each k_padded × 64 values

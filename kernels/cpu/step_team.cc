@@ -58,9 +58,8 @@ void EnableStepTeams(bool enabled) { step_teams_enabled.store(enabled, std::memo
 
 StepTeam* StepTeam::Current() { return tls_team; }
 
-absl::Status StepTeam::Hold(int threads, absl::FunctionRef<absl::Status()> body,
-                            bool* ran_serial_work) {
-  if (ran_serial_work != nullptr) *ran_serial_work = false;
+absl::Status StepTeam::Hold(int threads, absl::FunctionRef<absl::Status()> body, Report* report) {
+  if (report != nullptr) *report = Report{};
   if (threads <= 1 || omp_in_parallel() || tls_team != nullptr) return body();
   StepTeam team;
   absl::Status status;
@@ -75,7 +74,7 @@ absl::Status StepTeam::Hold(int threads, absl::FunctionRef<absl::Status()> body,
       team.Serve(omp_get_thread_num());
     }
   }
-  if (ran_serial_work != nullptr) *ran_serial_work = team.ran_serial_work_;
+  if (report != nullptr) *report = team.report_;
   return status;
 }
 

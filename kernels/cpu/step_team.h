@@ -17,12 +17,17 @@ namespace kiln::cpu {
 
 class StepTeam {
  public:
+  // What a held step met that tells its caller to run such steps without a team.
+  struct Report {
+    bool ran_serial_work = false;      // NoteSerialWork
+    bool faster_without_team = false;  // NoteFasterWithoutTeam
+  };
   // Runs body() on the calling thread as thread 0 of a team of `threads` OpenMP threads, whose
   // other threads run what Run posts until body returns; returns body's status. With threads ≤ 1,
-  // or inside a parallel region already, body runs alone with no team. `ran_serial_work`, when
-  // not null, is set to whether body ran work the team could not share (NoteSerialWork).
+  // or inside a parallel region already, body runs alone with no team. `report`, when not null,
+  // is filled in (all false where no team formed).
   static absl::Status Hold(int threads, absl::FunctionRef<absl::Status()> body,
-                           bool* ran_serial_work = nullptr);
+                           Report* report = nullptr);
   // The team the calling thread leads (inside Hold's body), or null.
   static StepTeam* Current();
 
@@ -33,7 +38,10 @@ class StepTeam {
   void Run(int threads, absl::FunctionRef<void(int thread, int count)> job);
   // Marks that an op ran on thread 0 alone work it would have split over threads outside a team
   // (a oneDNN primitive: its own OpenMP region would be nested, so serial).
-  void NoteSerialWork() { ran_serial_work_ = true; }
+  void NoteSerialWork() { report_.ran_serial_work = true; }
+  // Marks that an op ran a kernel the team can share where another, measured faster at this
+  // size, needs a parallel region of its own (brgemm chosen over the small-M kernel).
+  void NoteFasterWithoutTeam() { report_.faster_without_team = true; }
 
   StepTeam(const StepTeam&) = delete;
   StepTeam& operator=(const StepTeam&) = delete;
@@ -48,7 +56,7 @@ class StepTeam {
   absl::FunctionRef<void(int, int)>* job_ = nullptr;
   int job_threads_ = 0;
   int size_ = 1;
-  bool ran_serial_work_ = false;
+  Report report_;
   alignas(64) std::atomic<uint64_t> generation_{0};
   std::atomic<bool> released_{false};
   alignas(64) std::atomic<int> pending_{0};

@@ -15,6 +15,7 @@
 #include "kernels/backend_registry.h"
 #include "kernels/cpu/onednn_linear.h"
 #include "kernels/cpu/small_m_linear.h"
+#include "kernels/cpu/step_team.h"
 
 namespace kiln {
 
@@ -505,19 +506,49 @@ TEST_P(PackedLinearTest, ARowGivesTheSameBitsAloneAndInAnyBatch) {
   }
 }
 
+// Inside a step team a linear runs the small-M kernel at every M it takes (oneDNN's own parallel
+// region would be nested there, so serial), with the same bits, and reports the rows at which
+// brgemm was chosen, so that the CPU context runs such steps without a team.
+TEST_P(PackedLinearTest, InsideAStepTeamRowsChosenForBrgemmAreReported) {
+  if (HasAmx() || !cpu::SmallMKernelSupported(GetParam())) {
+    GTEST_SKIP() << "needs the small-M kernel, bit-identical to brgemm (AVX-512 without AMX)";
+  }
+  std::unique_ptr<Backend> backend = MakeBackend();
+  ASSERT_NE(backend, nullptr);
+  Problem p = MakeProblem(GetParam(), DType::kBF16, 896, {1152}, true, 41);
+  auto linear = backend->PackLinear(p.Spec("test.team"));
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  ASSERT_TRUE(cpu::SmallMKernelIsBitIdentical(**linear));
+  for (int64_t m = 1; m <= cpu::kSmallMMaxRows; ++m) {
+    SCOPED_TRACE(testing::Message() << "M=" << m);
+    const std::vector<float> x = RandomInput(m * p.k, static_cast<uint32_t>(m));
+    std::vector<float> outside(m * p.n);
+    std::vector<float> inside(m * p.n);
+    ASSERT_TRUE(RunLinear(**linear, x.data(), m, outside.data()).ok());
+    cpu::StepTeam::Report report;
+    absl::Status status = cpu::StepTeam::Hold(
+        2, [&] { return RunLinear(**linear, x.data(), m, inside.data()); }, &report);
+    ASSERT_TRUE(status.ok()) << status;
+    EXPECT_EQ(std::memcmp(inside.data(), outside.data(), inside.size() * sizeof(float)), 0);
+    EXPECT_FALSE(report.ran_serial_work);
+    EXPECT_EQ(report.faster_without_team, !cpu::ChoosesSmallM(**linear, m));
+  }
+}
+
 TEST(PackedLinearKernelTest, SmallMKernelRefusesMoreRowsThanItTakes) {
   std::unique_ptr<Backend> backend = MakeBackend();
   ASSERT_NE(backend, nullptr);
   Problem p = MakeProblem(DType::kF32, DType::kF32, 64, {64}, false, 5);
   auto linear = backend->PackLinear(p.Spec("test.rows"));
   ASSERT_TRUE(linear.ok()) << linear.status();
-  std::vector<float> x(9 * 64, 1.0f);
-  std::vector<float> y(9 * 64);
+  const int64_t m = cpu::kSmallMMaxRows + 1;
+  std::vector<float> x(m * 64, 1.0f);
+  std::vector<float> y(m * 64);
   const absl::Status status =
-      cpu::RunLinear(**linear, x.data(), 9, y.data(), cpu::LinearPath::kSmallM);
+      cpu::RunLinear(**linear, x.data(), m, y.data(), cpu::LinearPath::kSmallM);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(status.message().find("test.rows"), std::string::npos) << status;
-  EXPECT_NE(status.message().find("M=9"), std::string::npos) << status;
+  EXPECT_NE(status.message().find(absl::StrCat("M=", m)), std::string::npos) << status;
 }
 
 }  // namespace

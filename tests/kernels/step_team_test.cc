@@ -16,6 +16,7 @@
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/panel_split.h"
 #include "kernels/cpu/parallel_for.h"
+#include "kernels/cpu/small_m_linear.h"
 #include "kernels/step.h"
 
 namespace kiln::cpu {
@@ -91,22 +92,34 @@ TEST(StepTeamTest, OneThreadOrANestedHoldRunsTheBodyAlone) {
   EXPECT_EQ(teams, 0);
 }
 
-TEST(StepTeamTest, TheBodysStatusAndSerialWorkComeBack) {
-  bool serial = true;
+TEST(StepTeamTest, TheBodysStatusAndTheReportComeBack) {
+  StepTeam::Report report{true, true};
   absl::Status status = StepTeam::Hold(
-      2, [] { return absl::InvalidArgumentError("layer 3: bad rows"); }, &serial);
+      2, [] { return absl::InvalidArgumentError("layer 3: bad rows"); }, &report);
   EXPECT_EQ(status.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(status.message(), "layer 3: bad rows");
-  EXPECT_FALSE(serial);
+  EXPECT_FALSE(report.ran_serial_work);
+  EXPECT_FALSE(report.faster_without_team);
   status = StepTeam::Hold(
       2,
       [] {
         StepTeam::Current()->NoteSerialWork();
         return absl::OkStatus();
       },
-      &serial);
+      &report);
   EXPECT_TRUE(status.ok());
-  EXPECT_TRUE(serial);
+  EXPECT_TRUE(report.ran_serial_work);
+  EXPECT_FALSE(report.faster_without_team);
+  status = StepTeam::Hold(
+      2,
+      [] {
+        StepTeam::Current()->NoteFasterWithoutTeam();
+        return absl::OkStatus();
+      },
+      &report);
+  EXPECT_TRUE(status.ok());
+  EXPECT_FALSE(report.ran_serial_work);
+  EXPECT_TRUE(report.faster_without_team);
 }
 
 // The loops the CPU ops run on: inside a team every index runs exactly once.
@@ -149,9 +162,10 @@ TEST(StepTeamTest, RunOnThreadsWithoutATeam) {
   EXPECT_EQ(calls.load(), 1);
 }
 
-// The CPU context holds a team for a step of up to 8 rows (decode, verification) and not for a
-// larger one, nor while teams are turned off, nor for steps as large as one that met work the
-// team could not share.
+// The CPU context holds a team for a step of up to 16 rows (decode of up to 16 streams,
+// verification) and not for a larger one, nor while teams are turned off, nor for steps as large
+// as one that met work the team could not share, nor for steps of as many rows as one whose
+// linears would have run faster without a team.
 TEST(StepTeamTest, CpuContextHoldsATeamForDecodeSizedSteps) {
   absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu");
   ASSERT_TRUE(backend.ok()) << backend.status();
@@ -168,7 +182,7 @@ TEST(StepTeamTest, CpuContextHoldsATeamForDecodeSizedSteps) {
     StepMetadata step;
     step.pool = pool;
     const std::vector<int32_t> ids(static_cast<size_t>(rows), 1);
-    const std::vector<int32_t> table = {0, 1, 2};
+    const std::vector<int32_t> table = {0, 1, 2, 3, 4};  // 20 positions
     step.AddSequence(ids.data(), rows, 0, table);
     EXPECT_TRUE((*ctx)->BeginStep(step).ok());
     StepTeam* team = nullptr;
@@ -183,7 +197,8 @@ TEST(StepTeamTest, CpuContextHoldsATeamForDecodeSizedSteps) {
   const bool expect_team = omp_get_max_threads() > 1 && Avx512Supported();
   EXPECT_EQ(team_during_step(1), expect_team);
   EXPECT_EQ(team_during_step(8), expect_team);
-  EXPECT_FALSE(team_during_step(9));
+  EXPECT_EQ(team_during_step(kSmallMMaxRows), expect_team);
+  EXPECT_FALSE(team_during_step(kSmallMMaxRows + 1));
   EnableStepTeams(false);
   EXPECT_FALSE(team_during_step(1));
   EnableStepTeams(true);
@@ -205,7 +220,23 @@ TEST(StepTeamTest, CpuContextHoldsATeamForDecodeSizedSteps) {
                   })
                   .ok());
   EXPECT_FALSE(team_during_step(5));
-  EXPECT_FALSE(team_during_step(8));
+  EXPECT_FALSE(team_during_step(kSmallMMaxRows));
+  EXPECT_TRUE(team_during_step(4));
+  // A step of 3 rows whose linear ran the small-M kernel where brgemm was measured faster: steps
+  // of 3 rows then run without a team, steps of 2 and 4 rows still with one.
+  const std::vector<int32_t> three(3, 1);
+  StepMetadata step3;
+  step3.pool = pool;
+  step3.AddSequence(three.data(), 3, 0, table);
+  ASSERT_TRUE((*ctx)->BeginStep(step3).ok());
+  ASSERT_TRUE((*ctx)
+                  ->RunStep([] {
+                    StepTeam::Current()->NoteFasterWithoutTeam();
+                    return absl::OkStatus();
+                  })
+                  .ok());
+  EXPECT_FALSE(team_during_step(3));
+  EXPECT_TRUE(team_during_step(2));
   EXPECT_TRUE(team_during_step(4));
 }
 
