@@ -1,5 +1,5 @@
 // Decode-path linears, kernel against kernel: the small-M panel kernel and oneDNN's brgemm on the
-// same packed weights, M = 1..8, alternating, medians. Each shape is packed `--copies` times and a
+// same packed weights, M = 1..16, alternating, medians. Each shape is packed `--copies` times and a
 // measurement runs once over every copy, as decode runs a layer's weights once per step, so the
 // weights come from memory (or from cache, for shapes and copies that fit, as in a small model).
 // Prints GB/s of weight streamed for each kernel, the ratio, the kernel serving would choose and
@@ -38,7 +38,7 @@ ABSL_FLAG(std::string, copies, "24,24,24,24,1",
 ABSL_FLAG(std::string, dtype, "bf16", "bf16 or f32");
 ABSL_FLAG(int32_t, min_m, 1, "smallest M measured");
 ABSL_FLAG(int32_t, max_m, 8,
-          "largest M measured (up to 8, the small-M kernel's limit; up to 64 with --layer_order, "
+          "largest M measured (up to 16, the small-M kernel's limit; up to 64 with --layer_order, "
           "where larger M runs the kernel serving would choose, as a batched decode step does)");
 ABSL_FLAG(int32_t, repeats, 7, "measurements per kernel and M (the median is printed)");
 ABSL_FLAG(bool, layer_order, false,
