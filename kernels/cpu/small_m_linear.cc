@@ -207,21 +207,14 @@ KILN_AVX512_BF16_TARGET KILN_ALWAYS_INLINE void ChunkPassBf16(
   }
 }
 
-// Runs pass.template operator()<R>() for 4 ≤ R ≤ 8 rows.
-template <typename Pass>
-void ForPassRows(int64_t rows, Pass&& pass) {
-  switch (rows) {
-    case 4:
-      return pass.template operator()<4>();
-    case 5:
-      return pass.template operator()<5>();
-    case 6:
-      return pass.template operator()<6>();
-    case 7:
-      return pass.template operator()<7>();
-    default:
-      return pass.template operator()<8>();
+// Runs f.template operator()<R>() with R = clamp(rows, First, Last), for kernels templated on
+// their row count.
+template <int First, int Last, typename F>
+void ForRows(int64_t rows, F&& f) {
+  if constexpr (First < Last) {
+    if (rows > First) return ForRows<First + 1, Last>(rows, f);
   }
+  return f.template operator()<First>();
 }
 
 // Panel `panel_index` for 5 ≤ m ≤ 16 rows, summed in k blocks as w.k_block says.
@@ -248,7 +241,7 @@ KILN_AVX512_BF16_TARGET void ChunkedPanelBf16(const PanelWeights& w, const uint3
       int pass_index = 0;
       int64_t row0 = 0;
       for (int g = 0; g < groups; ++g) {
-        ForPassRows(group_rows[g], [&]<int R>() {
+        ForRows<4, kRowsPerPass>(group_rows[g], [&]<int R>() {
           for (int b0 = 0; b0 < 4; b0 += 2, ++pass_index) {
             const char* pass_ahead = ahead + pass_index * ahead_stride;
             if (groups == 2) {
@@ -301,16 +294,7 @@ void GroupBf16(const PanelWeights& w, const uint16_t* x, int64_t m, const int64_
       PanelGroupBf16<R, S>(w, xp, w.k_padded / 2, panels, y);
     });
   };
-  switch (m) {
-    case 1:
-      return rows.template operator()<1>();
-    case 2:
-      return rows.template operator()<2>();
-    case 3:
-      return rows.template operator()<3>();
-    default:
-      return rows.template operator()<4>();
-  }
+  ForRows<1, 4>(m, rows);
 }
 
 // Same rounding as the brgemm path's activation conversion (nearest even).
