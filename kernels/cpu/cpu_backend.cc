@@ -77,33 +77,32 @@ class CpuContext final : public ExecutionContext {
   CpuContext(StepLimits limits, DeviceBuffer scratch)
       : ExecutionContext(Device{}, limits, std::move(scratch)),
         threads_(omp_get_max_threads()),
-        team_max_rows_(cpu::Avx512Supported() ? cpu::kSmallMMaxRows : 0) {}
+        rows_without_team_(cpu::Avx512Supported() ? 0u : ~0u) {}
 
   absl::Status Synchronize() override { return absl::OkStatus(); }
 
  protected:
   absl::Status DoBeginStep(const StepMetadata& /*step*/) override { return absl::OkStatus(); }
 
-  // A step of up to team_max_rows_ rows (decode, speculative verification) runs on a team held
+  // A step of up to kSmallMMaxRows rows (decode, speculative verification) runs on a team held
   // for the whole step: its linears take the small-M and quantized kernels, which run on the
-  // team. A step that still met work the team could not share (oneDNN, on a CPU where the
-  // small-M kernel does not give brgemm's bits) lowers the limit below its rows, so that such
-  // steps go back to a parallel region per op. A step whose linears ran the small-M kernel where
-  // brgemm was measured faster at its rows (more rows than the small-M kernel wins on this CPU,
-  // or KILN_LINEAR_KERNEL=brgemm) marks its row count: such steps run without a team from then
-  // on, so that brgemm gets them.
+  // team. A step that met work the team could not share (oneDNN, on a CPU where the small-M
+  // kernel does not give brgemm's bits) sends steps of its rows and more back to a parallel
+  // region per op; one whose linears ran the small-M kernel where brgemm was measured faster at
+  // its rows (more rows than the small-M kernel wins on this CPU, or KILN_LINEAR_KERNEL=brgemm)
+  // sends steps of its row count back, so that brgemm gets them.
   absl::Status DoRunStep(absl::FunctionRef<absl::Status()> ops) override {
     const int64_t rows = step().rows();
-    if (threads_ <= 1 || rows < 1 || rows > team_max_rows_ || !cpu::StepTeamsEnabled() ||
+    if (threads_ <= 1 || rows < 1 || rows > cpu::kSmallMMaxRows || !cpu::StepTeamsEnabled() ||
         (rows_without_team_ >> (rows - 1) & 1u) != 0) {
       return ops();
     }
     cpu::StepTeam::Report report;
     absl::Status status = cpu::StepTeam::Hold(threads_, ops, &report);
     if (report.ran_serial_work) {
-      team_max_rows_ = rows - 1;
+      rows_without_team_ |= ~0u << (rows - 1);
       LOG(INFO) << "CPU steps of " << rows << " rows ran a oneDNN primitive on one thread inside "
-                << "a step's thread team; steps of more than " << team_max_rows_
+                << "a step's thread team; steps of more than " << rows - 1
                 << " rows now start a parallel region per op instead";
     } else if (report.faster_without_team) {
       rows_without_team_ |= 1u << (rows - 1);
@@ -237,8 +236,10 @@ class CpuContext final : public ExecutionContext {
 
  private:
   const int threads_;
-  int64_t team_max_rows_;           // steps of more rows run without a team
-  uint32_t rows_without_team_ = 0;  // bit r-1 set: steps of r rows run without a team
+  // Bit r-1 set: steps of r rows run without a team (every row count without AVX-512: oneDNN
+  // then runs every linear).
+  uint32_t rows_without_team_;
+  static_assert(cpu::kSmallMMaxRows <= 32, "rows_without_team_ holds a bit per row count");
 };
 
 class CpuBackend final : public Backend {

@@ -50,28 +50,21 @@ KILN_AVX512_TARGET KILN_ALWAYS_INLINE void StorePanel(const __m512 (&acc)[R][4],
 
 inline void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 
+// Runs f.template operator()<R>() with R = clamp(rows, First, Last), for kernels templated on
+// their row count.
+template <int First, int Last, typename F>
+void ForRows(int64_t rows, F&& f) {
+  if constexpr (First < Last) {
+    if (rows > First) return ForRows<First + 1, Last>(rows, f);
+  }
+  return f.template operator()<First>();
+}
+
 // Runs rows.template operator()<R, B>() for m rows (1-8) of f32: up to 4 rows take the whole panel
 // in one pass (B = 4 column vectors), 5-8 take it in two halves (B = 2).
 template <typename Rows>
 void ForRowCount(int64_t m, Rows&& rows) {
-  switch (m) {
-    case 1:
-      return rows.template operator()<1, 4>();
-    case 2:
-      return rows.template operator()<2, 4>();
-    case 3:
-      return rows.template operator()<3, 4>();
-    case 4:
-      return rows.template operator()<4, 4>();
-    case 5:
-      return rows.template operator()<5, 2>();
-    case 6:
-      return rows.template operator()<6, 2>();
-    case 7:
-      return rows.template operator()<7, 2>();
-    default:
-      return rows.template operator()<8, 2>();
-  }
+  ForRows<1, 8>(m, [&]<int R>() { rows.template operator()<R, R <= 4 ? 4 : 2>(); });
 }
 
 // ---- bf16: a panel is [k_padded / 2][64][2]; one k pair of 64 columns is 4 vectors ------------
@@ -205,16 +198,6 @@ KILN_AVX512_BF16_TARGET KILN_ALWAYS_INLINE void ChunkPassBf16(
     KILN_UNROLL
     for (int b = 0; b < 2; ++b) _mm512_store_ps(scratch[r][b0 + b], acc[r][b]);
   }
-}
-
-// Runs f.template operator()<R>() with R = clamp(rows, First, Last), for kernels templated on
-// their row count.
-template <int First, int Last, typename F>
-void ForRows(int64_t rows, F&& f) {
-  if constexpr (First < Last) {
-    if (rows > First) return ForRows<First + 1, Last>(rows, f);
-  }
-  return f.template operator()<First>();
 }
 
 // Panel `panel_index` for 5 ≤ m ≤ 16 rows, summed in k blocks as w.k_block says.
