@@ -200,6 +200,18 @@ KILN_AVX512_BF16_TARGET KILN_ALWAYS_INLINE void ChunkPassBf16(
   }
 }
 
+// Both column halves of R rows over a chunk, each pass prefetching its share of the next chunk
+// (`ahead`, then `ahead + ahead_stride`). A function of its own, not a lambda, so that the passes
+// inline under the AVX-512 target (a lambda does not take its enclosing function's target).
+template <int R, int L>
+KILN_AVX512_BF16_TARGET void ChunkGroupBf16(const uint16_t* panel, int64_t j_begin, int64_t j_end,
+                                            const uint32_t* x, int64_t x_stride, bool first,
+                                            const char* ahead, int64_t ahead_stride,
+                                            float (*scratch)[4][16]) {
+  ChunkPassBf16<R, L>(panel, j_begin, j_end, 0, x, x_stride, first, ahead, scratch);
+  ChunkPassBf16<R, L>(panel, j_begin, j_end, 2, x, x_stride, first, ahead + ahead_stride, scratch);
+}
+
 // Panel `panel_index` for 5 ≤ m ≤ 16 rows, summed in k blocks as w.k_block says.
 KILN_AVX512_BF16_TARGET void ChunkedPanelBf16(const PanelWeights& w, const uint32_t* x, int64_t m,
                                               int64_t panel_index, float* y) {
@@ -221,19 +233,16 @@ KILN_AVX512_BF16_TARGET void ChunkedPanelBf16(const PanelWeights& w, const uint3
       // passes: 4 lines a k pair over 2 or 4 passes.
       const char* ahead = reinterpret_cast<const char*>(panel + end * 128);
       const int64_t ahead_stride = (end - begin) * kLinesPerPair * 64 / passes;
-      int pass_index = 0;
       int64_t row0 = 0;
       for (int g = 0; g < groups; ++g) {
+        const char* group_ahead = ahead + 2 * g * ahead_stride;
         ForRows<4, kRowsPerPass>(group_rows[g], [&]<int R>() {
-          for (int b0 = 0; b0 < 4; b0 += 2, ++pass_index) {
-            const char* pass_ahead = ahead + pass_index * ahead_stride;
-            if (groups == 2) {
-              ChunkPassBf16<R, 1>(panel, begin, end, b0, x + row0 * x_stride, x_stride,
-                                  begin == block_begin, pass_ahead, block.acc + row0);
-            } else {
-              ChunkPassBf16<R, 2>(panel, begin, end, b0, x + row0 * x_stride, x_stride,
-                                  begin == block_begin, pass_ahead, block.acc + row0);
-            }
+          if (groups == 2) {
+            ChunkGroupBf16<R, 1>(panel, begin, end, x + row0 * x_stride, x_stride,
+                                 begin == block_begin, group_ahead, ahead_stride, block.acc + row0);
+          } else {
+            ChunkGroupBf16<R, 2>(panel, begin, end, x + row0 * x_stride, x_stride,
+                                 begin == block_begin, group_ahead, ahead_stride, block.acc + row0);
           }
         });
         row0 += group_rows[g];
