@@ -421,6 +421,9 @@ class CpuBackend final : public Backend {
                             packer_->Pack(dense, threads));
       for (size_t j = 0; j < dense_at.size(); ++j) packed[dense_at[j]] = std::move(from_onednn[j]);
     }
+    std::vector<PackedLinear*> all;
+    for (const auto& linear : packed) all.push_back(linear.get());
+    cpu::ChooseQuantizedStreams(all, threads);
     return packed;
   }
 

@@ -20,6 +20,7 @@ namespace {
 struct Memo {
   absl::Mutex mu;
   absl::flat_hash_map<LinearShape, KernelChoice> choices ABSL_GUARDED_BY(mu);
+  absl::flat_hash_map<LinearShape, StreamChoice> streams ABSL_GUARDED_BY(mu);
 };
 
 Memo& TheMemo() {
@@ -117,7 +118,10 @@ Pin ThePin() {
 
 std::string DescribeShape(const LinearShape& shape) {
   return absl::StrCat("[K=", shape.k, ", N=", shape.n, "] ", DTypeName(shape.dtype),
-                      shape.bias ? " +bias" : "");
+                      shape.bias ? " +bias" : "",
+                      shape.quantization == Quantization::kNone
+                          ? ""
+                          : absl::StrCat(" ", QuantizationName(shape.quantization)));
 }
 
 bool KnownChoice(const LinearShape& shape, KernelChoice* choice) {
@@ -187,6 +191,90 @@ KernelChoice ChooseKernel(const LinearShape& shape, ProbeFn probe, RoundFn round
   Memo& memo = TheMemo();
   absl::MutexLock lock(&memo.mu);
   auto [it, inserted] = memo.choices.emplace(shape, choice);
+  if (inserted) LOG(INFO) << "linear " << DescribeShape(shape) << ": " << it->second.summary;
+  return it->second;
+}
+
+namespace {
+
+// The stream counts tried, the default first: it keeps its place unless another count's median
+// round is this much faster (the rounds of a shared machine's memory drift by a few percent).
+constexpr int kStreamCounts[] = {4, 2, 1};
+constexpr double kStreamTieMargin = 1.03;
+
+// KILN_DECODE_STREAMS, read once: 0 (auto, measure) or a count.
+int StreamPin() {
+  static const int pin = [] {
+    const char* value = std::getenv("KILN_DECODE_STREAMS");
+    const std::string text = value == nullptr ? "" : value;
+    if (text.empty() || text == "auto") return 0;
+    for (const int streams : kStreamCounts) {
+      if (text == std::to_string(streams)) return streams;
+    }
+    LOG(WARNING) << "KILN_DECODE_STREAMS=" << text << " is not one of auto, 1, 2, 4; measuring";
+    return 0;
+  }();
+  return pin;
+}
+
+StreamChoice MeasureStreams(StreamRoundFn round) {
+  constexpr int kCounts = static_cast<int>(std::size(kStreamCounts));
+  std::vector<double> times[kCounts];
+  for (const int streams : kStreamCounts) round(streams);
+  for (int r = 0; r < kTimedRounds; ++r) {
+    for (int i = 0; i < kCounts; ++i) {
+      const auto start = std::chrono::steady_clock::now();
+      round(kStreamCounts[i]);
+      times[i].push_back(
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+    }
+  }
+  StreamChoice choice;
+  double best = Median(times[0]);
+  std::string measured;
+  for (int i = 0; i < kCounts; ++i) {
+    const double median = Median(times[i]);
+    if (i > 0 && median * kStreamTieMargin < best) {
+      best = median;
+      choice.streams = kStreamCounts[i];
+    }
+    absl::StrAppendFormat(&measured, "%s%d: %.0f us", i == 0 ? "" : ", ", kStreamCounts[i],
+                          median * 1e6);
+  }
+  choice.summary =
+      absl::StrCat(choice.streams, choice.streams == 1 ? " panel" : " panels",
+                   " side by side a thread at one row (per round, by streams: ", measured, ")");
+  return choice;
+}
+
+}  // namespace
+
+bool KnownStreams(const LinearShape& shape, StreamChoice* choice) {
+  Memo& memo = TheMemo();
+  absl::MutexLock lock(&memo.mu);
+  auto it = memo.streams.find(shape);
+  if (it == memo.streams.end()) return false;
+  *choice = it->second;
+  return true;
+}
+
+StreamChoice ChooseStreams(const LinearShape& shape, StreamRoundFn round,
+                           const LinearShape* like_shape, const StreamChoice* like) {
+  StreamChoice choice;
+  if (KnownStreams(shape, &choice)) return choice;
+  if (const int pin = StreamPin(); pin != 0) {
+    choice.streams = pin;
+    choice.summary = absl::StrCat(pin, pin == 1 ? " panel" : " panels",
+                                  " side by side a thread at one row (KILN_DECODE_STREAMS)");
+  } else if (like != nullptr) {
+    choice.streams = like->streams;
+    choice.summary = absl::StrCat("as ", DescribeShape(*like_shape), ": ", like->summary);
+  } else {
+    choice = MeasureStreams(round);  // outside the lock: milliseconds
+  }
+  Memo& memo = TheMemo();
+  absl::MutexLock lock(&memo.mu);
+  auto [it, inserted] = memo.streams.emplace(shape, choice);
   if (inserted) LOG(INFO) << "linear " << DescribeShape(shape) << ": " << it->second.summary;
   return it->second;
 }

@@ -1,15 +1,18 @@
 // Which kernel runs a linear at each small M, chosen per weight shape by measuring both on the
 // packed weights of this machine (these machines change between runs: Xeon with AMX, EPYC
 // without), once per shape and process, and logged. KILN_LINEAR_KERNEL=brgemm|small_m pins the
-// choice (auto, the default, measures).
+// choice (auto, the default, measures). Likewise how many panels a thread of a decode kernel
+// reads side by side (KILN_DECODE_STREAMS=1|2|4 pins it).
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 #include <utility>
 
 #include "absl/functional/function_ref.h"
 #include "kernels/dtype.h"
+#include "kernels/quantization.h"
 
 namespace kiln::cpu {
 
@@ -18,11 +21,12 @@ struct LinearShape {
   int64_t n = 0;
   DType dtype = DType::kF32;
   bool bias = false;
+  Quantization quantization = Quantization::kNone;
 
   friend bool operator==(const LinearShape&, const LinearShape&) = default;
   template <typename H>
   friend H AbslHashValue(H h, const LinearShape& shape) {
-    return H::combine(std::move(h), shape.k, shape.n, shape.dtype, shape.bias);
+    return H::combine(std::move(h), shape.k, shape.n, shape.dtype, shape.bias, shape.quantization);
   }
 };
 
@@ -55,7 +59,37 @@ KernelChoice ChooseKernel(const LinearShape& shape, ProbeFn probe, RoundFn round
 // The choice already made for `shape` in this process (measured or pinned), if any.
 bool KnownChoice(const LinearShape& shape, KernelChoice* choice);
 
-// Describes the shape for logs: "[K=896, N=1152] bf16 +bias".
+// How many panels each thread of a one-row decode call reads side by side as sequential streams
+// (1, 2 or 4; two rows read at most 2, see StreamsForRows in panel_split.h). More streams keep
+// more reads in flight, but how many a core's prefetchers follow well, and how much compute
+// between loads they can hide, differ between machines and kernels: on a 2-core Zen 4 EPYC the
+// int4 kernel decoded 15-25 % faster with one stream a thread than with four, where a Zen 5 had
+// gained from four.
+struct StreamChoice {
+  int streams = 4;
+  std::string summary;  // for the log: the times behind it
+};
+// Runs one measurement round: the shape's weights that the caller chose to time, once each at one
+// row, reading `streams` panels side by side. A round runs a shape's weights in turn up to
+// kStreamRoundBytes (at least one weight), three times what a Zen 4 CCD's 32 MB last-level cache
+// holds, so that it streams from memory as decode does where the model exceeds the caches; a
+// weight above kLargestStreamTimedBytes (an LM head) takes the choice of a smaller timed shape.
+inline constexpr size_t kStreamRoundBytes = size_t{96} << 20;
+inline constexpr size_t kLargestStreamTimedBytes = size_t{64} << 20;
+using StreamRoundFn = absl::FunctionRef<void(int streams)>;
+
+// The stream count for `shape`, remembered per process: pinned by KILN_DECODE_STREAMS, taken
+// from `like` (a shape too large to time takes that of a timed one), or measured with `round`
+// (alternating counts; medians; four streams stay unless another count is clearly faster).
+// Logged once. Thread-safe.
+StreamChoice ChooseStreams(const LinearShape& shape, StreamRoundFn round,
+                           const LinearShape* like_shape = nullptr,
+                           const StreamChoice* like = nullptr);
+
+// The stream count already chosen for `shape` in this process, if any.
+bool KnownStreams(const LinearShape& shape, StreamChoice* choice);
+
+// Describes the shape for logs: "[K=896, N=1152] bf16 +bias" (" int4" for quantized weights).
 std::string DescribeShape(const LinearShape& shape);
 
 }  // namespace kiln::cpu

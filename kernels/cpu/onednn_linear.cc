@@ -186,6 +186,8 @@ class OneDnnLinear final : public PackedLinear {
     return panel_ && m <= kSmallMMaxRows && (small_m_rows_mask_ >> (m - 1) & 1u) != 0;
   }
   void set_k_block(int64_t k_block) { panel_->k_block = k_block; }
+  void set_max_streams(int streams) { panel_->max_streams = streams; }
+  int max_streams() const { return panel_->max_streams; }
   void ApplyChoice(const KernelChoice& choice) {
     panel_->k_block = choice.k_block;
     small_m_rows_mask_ = choice.small_m_rows;
@@ -531,6 +533,41 @@ absl::StatusOr<KernelChoice> FindChoice(const ShapeGroup& group, const ShapeGrou
   return choice;
 }
 
+// The bf16 small-M kernel's streams a thread (ChooseStreams) for each shape it runs at one row,
+// timed at one row over the group's weights as FindChoice times them.
+absl::Status ChooseStreamsForGroups(std::vector<ShapeGroup>& groups) {
+  const ShapeGroup* largest_timed = nullptr;
+  StreamChoice largest_choice;
+  for (ShapeGroup& group : groups) {  // smallest first
+    if (group.shape.dtype != DType::kBF16 || (group.choice.small_m_rows & 1u) == 0) continue;
+    const LinearShape& shape = group.shape;
+    absl::Status status;
+    std::vector<float> x(static_cast<size_t>(shape.k), 0.5f);
+    std::vector<float> y(static_cast<size_t>(shape.n));
+    auto round = [&](int streams) {
+      size_t bytes = 0;
+      for (OneDnnLinear* linear : group.members) {
+        linear->set_max_streams(streams);
+        absl::Status result = linear->Forward(x.data(), 1, y.data(), LinearPath::kSmallM);
+        if (!result.ok() && status.ok()) status = result;
+        bytes += linear->packed_bytes();
+        if (bytes >= kStreamRoundBytes) break;
+      }
+    };
+    const bool too_large = group.bytes > kLargestStreamTimedBytes && largest_timed != nullptr;
+    const StreamChoice choice =
+        ChooseStreams(shape, round, too_large ? &largest_timed->shape : nullptr,
+                      too_large ? &largest_choice : nullptr);
+    KILN_RETURN_IF_ERROR(status);
+    for (OneDnnLinear* linear : group.members) linear->set_max_streams(choice.streams);
+    if (!too_large) {
+      largest_timed = &group;
+      largest_choice = choice;
+    }
+  }
+  return absl::OkStatus();
+}
+
 // Sets each linear's kernel per M from the choice for its shape (linear_dispatch.h).
 absl::Status ChooseKernels(const std::vector<std::unique_ptr<OneDnnLinear>>& linears) {
   std::vector<ShapeGroup> groups;
@@ -562,7 +599,7 @@ absl::Status ChooseKernels(const std::vector<std::unique_ptr<OneDnnLinear>>& lin
     }
     for (OneDnnLinear* linear : group->members) linear->ApplyChoice(group->choice);
   }
-  return absl::OkStatus();
+  return ChooseStreamsForGroups(groups);
 }
 
 }  // namespace
@@ -692,6 +729,31 @@ bool SmallMKernelIsBitIdentical(const PackedLinear& linear) {
 bool ChoosesSmallM(const PackedLinear& linear, int64_t m) {
   const auto* packed = dynamic_cast<const OneDnnLinear*>(&linear);
   return packed != nullptr && m >= 1 && packed->UsesSmallM(m);
+}
+
+int DecodeStreams(const PackedLinear& linear) {
+  if (IsQuantizedLinear(linear)) return QuantizedStreams(linear);
+  const auto* packed = dynamic_cast<const OneDnnLinear*>(&linear);
+  return packed != nullptr && packed->has_small_m() && packed->shape().dtype == DType::kBF16
+             ? packed->max_streams()
+             : 0;
+}
+
+absl::Status SetDecodeStreams(PackedLinear& linear, int streams) {
+  if (streams != 1 && streams != 2 && streams != 4) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(linear.name(), ": ", streams, " streams a thread; 1, 2 or 4 can be read"));
+  }
+  if (DecodeStreams(linear) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        linear.name(), ": no decode kernel reads it in streams (", linear.kernel_name(), ")"));
+  }
+  if (IsQuantizedLinear(linear)) {
+    SetQuantizedStreams(linear, streams);
+  } else {
+    dynamic_cast<OneDnnLinear&>(linear).set_max_streams(streams);
+  }
+  return absl::OkStatus();
 }
 
 }  // namespace kiln::cpu

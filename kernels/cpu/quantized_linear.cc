@@ -15,6 +15,7 @@
 #include "base/status_macros.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/host_memory.h"
+#include "kernels/cpu/linear_dispatch.h"
 #include "kernels/cpu/panel_split.h"
 #include "kernels/dtype.h"
 
@@ -601,6 +602,12 @@ class QuantizedLinear final : public PackedLinear {
     return view_.kind == Quantization::kInt8 ? "vnni int8 (per channel)" : "vnni int4 (group 32)";
   }
 
+  LinearShape shape() const {
+    return LinearShape{view_.k, view_.n, compute_dtype_, view_.bias != nullptr, view_.kind};
+  }
+  void set_max_streams(int streams) { max_streams_ = streams; }
+  int max_streams() const { return max_streams_; }
+
   void Forward(const float* x, int64_t m, float* y, int threads) const {
     QuantizedActivations& a = tls_activations;
     QuantizeActivations(view_, x, m, a);
@@ -611,7 +618,8 @@ class QuantizedLinear final : public PackedLinear {
         std::clamp<int64_t>(view_.panels * view_.panel_bytes * passes / kMinBytesPerThread, 1,
                             std::min<int64_t>(threads, view_.panels));
     // More than 4 rows take passes of 4 over one panel at a time.
-    const int64_t streams = m <= kMaxRowsPerPass ? StreamsForRows(m) : 1;
+    const int64_t streams =
+        m <= kMaxRowsPerPass ? std::min<int64_t>(max_streams_, StreamsForRows(m)) : 1;
     ForPanelStreams(
         view_.panels, static_cast<int>(streams), static_cast<int>(useful_threads),
         [&](const int64_t* first, int count) { RunPanelGroup(view_, a, m, first, count, y); });
@@ -641,6 +649,7 @@ class QuantizedLinear final : public PackedLinear {
   HostBytes bias_;
   size_t packed_bytes_ = 0;
   bool adopted_ = false;
+  int max_streams_ = 4;  // ChooseQuantizedStreams
 };
 
 // The quantization and shape of an image in one of the two layouts; InvalidArgument otherwise.
@@ -773,6 +782,63 @@ absl::Status RunQuantizedLinear(const PackedLinear& linear, const float* x, int6
   }
   if (m > 0) quantized->Forward(x, m, y, threads);
   return absl::OkStatus();
+}
+
+void ChooseQuantizedStreams(absl::Span<PackedLinear* const> linears, int threads) {
+  struct Group {
+    LinearShape shape;
+    std::vector<QuantizedLinear*> members;
+    size_t bytes = 0;  // one weight's
+  };
+  std::vector<Group> groups;
+  for (PackedLinear* linear : linears) {
+    auto* quantized = dynamic_cast<QuantizedLinear*>(linear);
+    if (quantized == nullptr) continue;
+    const LinearShape shape = quantized->shape();
+    auto it = std::find_if(groups.begin(), groups.end(),
+                           [&](const Group& group) { return group.shape == shape; });
+    if (it == groups.end()) {
+      groups.push_back(Group{shape, {}, quantized->packed_bytes()});
+      it = groups.end() - 1;
+    }
+    it->members.push_back(quantized);
+  }
+  // Smallest first, so that a weight too large to time finds the largest timed shape before it.
+  std::sort(groups.begin(), groups.end(),
+            [](const Group& a, const Group& b) { return a.bytes < b.bytes; });
+  const Group* largest_timed = nullptr;
+  StreamChoice largest_choice;
+  for (const Group& group : groups) {
+    std::vector<float> x(static_cast<size_t>(group.shape.k), 0.5f);
+    std::vector<float> y(static_cast<size_t>(group.shape.n));
+    auto round = [&](int streams) {
+      size_t bytes = 0;
+      for (QuantizedLinear* linear : group.members) {
+        linear->set_max_streams(streams);
+        linear->Forward(x.data(), 1, y.data(), threads);
+        bytes += linear->packed_bytes();
+        if (bytes >= kStreamRoundBytes) break;
+      }
+    };
+    const bool too_large = group.bytes > kLargestStreamTimedBytes && largest_timed != nullptr &&
+                           largest_timed->shape.quantization == group.shape.quantization;
+    const StreamChoice choice =
+        ChooseStreams(group.shape, round, too_large ? &largest_timed->shape : nullptr,
+                      too_large ? &largest_choice : nullptr);
+    for (QuantizedLinear* linear : group.members) linear->set_max_streams(choice.streams);
+    if (!too_large) {
+      largest_timed = &group;
+      largest_choice = choice;
+    }
+  }
+}
+
+int QuantizedStreams(const PackedLinear& linear) {
+  return dynamic_cast<const QuantizedLinear&>(linear).max_streams();
+}
+
+void SetQuantizedStreams(PackedLinear& linear, int streams) {
+  dynamic_cast<QuantizedLinear&>(linear).set_max_streams(streams);
 }
 
 }  // namespace kiln::cpu

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/types/span.h"
 #include "kernels/backend.h"
 
 namespace kiln::cpu {
@@ -46,5 +47,15 @@ bool IsQuantizedLinear(const PackedLinear& linear);
 // threads; x and y contiguous fp32. InvalidArgument for any other linear.
 absl::Status RunQuantizedLinear(const PackedLinear& linear, const float* x, int64_t m, float* y,
                                 int threads);
+
+// Chooses for each shape of quantized linear among `linears` (others are skipped) how many panels
+// a thread reads side by side at one row (linear_dispatch.h's ChooseStreams: measured over that
+// shape's weights at one row on up to `threads` threads, once per shape and process) and sets it
+// on every linear of the shape.
+void ChooseQuantizedStreams(absl::Span<PackedLinear* const> linears, int threads);
+// The count a quantized linear reads at one row, and setting it (the caller checks
+// IsQuantizedLinear and that streams is 1, 2 or 4; onednn_linear.h's SetDecodeStreams does).
+int QuantizedStreams(const PackedLinear& linear);
+void SetQuantizedStreams(PackedLinear& linear, int streams);
 
 }  // namespace kiln::cpu

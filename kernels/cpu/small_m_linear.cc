@@ -410,7 +410,8 @@ void RunSmallM(const PanelWeights& w, const float* x, int64_t m, float* y, int t
     F32Padded(x, m, w.k, w.k_padded, tls_x_f32.data());
     xp = tls_x_f32.data();
   }
-  const int64_t streams = w.dtype == DType::kBF16 ? StreamsForRows(m) : 1;
+  const int64_t streams =
+      w.dtype == DType::kBF16 ? std::min<int64_t>(w.max_streams, StreamsForRows(m)) : 1;
   ForPanelStreams(panels, static_cast<int>(streams), static_cast<int>(useful_threads),
                   [&](const int64_t* first, int count) {
                     if (w.dtype == DType::kBF16) {

@@ -475,6 +475,46 @@ TEST_P(PackedLinearTest, SmallMKernelMatchesTheReferenceAndBrgemmBitForBit) {
   }
 }
 
+// How many panels a thread reads side by side (measured when packing, linear_dispatch.h) changes
+// no bit of the result, at one and two rows; other counts, and linears without the bf16 decode
+// kernel, are refused.
+TEST(PackedLinearKernelTest, DecodeStreamsChangeNoResult) {
+  if (!cpu::SmallMKernelSupported(DType::kBF16)) {
+    GTEST_SKIP() << "this CPU lacks the AVX-512 BF16 instructions of the small-M kernel";
+  }
+  std::unique_ptr<Backend> backend = MakeBackend();
+  ASSERT_NE(backend, nullptr);
+  Problem p = MakeProblem(DType::kBF16, DType::kBF16, 896, {1000}, true, 77);
+  auto linear = backend->PackLinear(p.Spec("test.streams"));
+  ASSERT_TRUE(linear.ok()) << linear.status();
+  const int chosen = cpu::DecodeStreams(**linear);
+  EXPECT_TRUE(chosen == 1 || chosen == 2 || chosen == 4) << chosen;
+  for (const int64_t m : {1, 2}) {
+    std::vector<float> first;
+    for (const int streams : {4, 2, 1}) {
+      SCOPED_TRACE(testing::Message() << "M=" << m << " streams=" << streams);
+      ASSERT_TRUE(cpu::SetDecodeStreams(**linear, streams).ok());
+      EXPECT_EQ(cpu::DecodeStreams(**linear), streams);
+      const std::vector<float> y = RunPath(**linear, p, m, cpu::LinearPath::kSmallM);
+      ASSERT_FALSE(testing::Test::HasFatalFailure());
+      if (first.empty()) {
+        first = y;
+      } else {
+        ASSERT_EQ(std::memcmp(y.data(), first.data(), y.size() * sizeof(float)), 0);
+      }
+    }
+  }
+  const absl::Status three = cpu::SetDecodeStreams(**linear, 3);
+  EXPECT_EQ(three.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(three.message().find("test.streams"), std::string::npos) << three;
+
+  Problem f32 = MakeProblem(DType::kF32, DType::kF32, 64, {64}, false, 78);
+  auto plain = backend->PackLinear(f32.Spec("test.f32"));
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  EXPECT_EQ(cpu::DecodeStreams(**plain), 0);
+  EXPECT_EQ(cpu::SetDecodeStreams(**plain, 1).code(), absl::StatusCode::kInvalidArgument);
+}
+
 // Whatever kernel each M picks, a row's result is the same bits alone or among other rows, so
 // greedy output does not change with the batch or with speculative verification.
 TEST_P(PackedLinearTest, ARowGivesTheSameBitsAloneAndInAnyBatch) {

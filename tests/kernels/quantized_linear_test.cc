@@ -227,6 +227,40 @@ TEST_P(QuantizedLinearTest, RowsAreIndependentOfTheirBatch) {
   }
 }
 
+// How many panels a thread reads side by side at one row (measured when the backend packs) changes
+// no bit of the result, at one and two rows.
+TEST_P(QuantizedLinearTest, DecodeStreamsChangeNoResult) {
+  const Quantization kind = GetParam();
+  std::mt19937 rng(13);
+  Weights w = MakeWeights(kind, 896, {1000}, true, rng);
+  absl::StatusOr<std::unique_ptr<Backend>> backend = CreateBackend("cpu");
+  ASSERT_TRUE(backend.ok()) << backend.status();
+  absl::StatusOr<std::unique_ptr<PackedLinear>> packed = (*backend)->PackLinear(w.spec);
+  ASSERT_TRUE(packed.ok()) << packed.status();
+  ASSERT_EQ((*packed)->quantization(), kind);
+  const int chosen = cpu::DecodeStreams(**packed);
+  EXPECT_TRUE(chosen == 1 || chosen == 2 || chosen == 4) << chosen;
+  const int64_t k = 896, n = 1000;
+  std::normal_distribution<float> x_dist(0.0f, 1.0f);
+  std::vector<float> x(static_cast<size_t>(2 * k));
+  for (float& v : x) v = x_dist(rng);
+  for (const int64_t m : {1, 2}) {
+    std::vector<float> first;
+    for (const int streams : {4, 2, 1}) {
+      SCOPED_TRACE(testing::Message() << "M=" << m << " streams=" << streams);
+      ASSERT_TRUE(cpu::SetDecodeStreams(**packed, streams).ok());
+      EXPECT_EQ(cpu::DecodeStreams(**packed), streams);
+      std::vector<float> y(static_cast<size_t>(m * n));
+      ASSERT_TRUE(cpu::RunQuantizedLinear(**packed, x.data(), m, y.data(), 2).ok());
+      if (first.empty()) {
+        first = y;
+      } else {
+        ASSERT_EQ(std::memcmp(y.data(), first.data(), y.size() * sizeof(float)), 0);
+      }
+    }
+  }
+}
+
 // Through the backend: quantized specs become quantized linears, the others stay dense, in order;
 // a linear of the wrong kind is refused with its name.
 TEST_P(QuantizedLinearTest, TheBackendPacksQuantizedAndDenseSpecsInOrder) {
