@@ -423,7 +423,8 @@ class CpuBackend final : public Backend {
     }
     std::vector<PackedLinear*> all;
     for (const auto& linear : packed) all.push_back(linear.get());
-    cpu::ChooseQuantizedStreams(all, threads);
+    // Timed on the threads decode runs them on, whatever this pack used.
+    cpu::ChooseQuantizedStreams(all, std::max(1, omp_get_max_threads()));
     return packed;
   }
 

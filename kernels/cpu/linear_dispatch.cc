@@ -279,4 +279,35 @@ StreamChoice ChooseStreams(const LinearShape& shape, StreamRoundFn round,
   return it->second;
 }
 
+std::vector<int> ChooseStreamsForShapes(const std::vector<StreamShape>& shapes) {
+  size_t all_bytes = 0;
+  for (const StreamShape& shape : shapes) all_bytes += shape.total_bytes;
+  auto timed = [&](const StreamShape& shape) {
+    return shape.weight_bytes <= kLargestStreamTimedBytes &&
+           (shape.total_bytes >= kStreamRoundBytes || all_bytes < kStreamRoundBytes);
+  };
+  std::vector<size_t> order(shapes.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  // The timed shapes first, most bytes first: the others take the first one's choice.
+  std::stable_sort(order.begin(), order.end(), [&](size_t a, size_t b) {
+    if (timed(shapes[a]) != timed(shapes[b])) return timed(shapes[a]);
+    return shapes[a].total_bytes > shapes[b].total_bytes;
+  });
+  std::vector<int> streams(shapes.size(), 4);
+  const StreamShape* like_shape = nullptr;
+  StreamChoice like;
+  for (const size_t i : order) {
+    const StreamShape& shape = shapes[i];
+    const bool copy = !timed(shape) && like_shape != nullptr;
+    const StreamChoice choice = ChooseStreams(
+        shape.shape, shape.round, copy ? &like_shape->shape : nullptr, copy ? &like : nullptr);
+    streams[i] = choice.streams;
+    if (like_shape == nullptr && timed(shape)) {
+      like_shape = &shape;
+      like = choice;
+    }
+  }
+  return streams;
+}
+
 }  // namespace kiln::cpu

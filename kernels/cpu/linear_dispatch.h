@@ -7,8 +7,10 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/functional/function_ref.h"
 #include "kernels/dtype.h"
@@ -88,6 +90,23 @@ StreamChoice ChooseStreams(const LinearShape& shape, StreamRoundFn round,
 
 // The stream count already chosen for `shape` in this process, if any.
 bool KnownStreams(const LinearShape& shape, StreamChoice* choice);
+
+// The weights of one shape among those a pack call made, for ChooseStreamsForShapes.
+struct StreamShape {
+  LinearShape shape;
+  size_t weight_bytes = 0;                 // one weight's
+  size_t total_bytes = 0;                  // all of the shape's
+  std::function<void(int streams)> round;  // a StreamRoundFn over the shape's weights
+};
+
+// The stream count of each shape (ChooseStreams), in order. A shape is timed when a round over
+// its weights streams from memory as decode does (together they fill kStreamRoundBytes), or
+// when all the shapes together are smaller than that (a model that stays in the caches, timed
+// from cache as it runs). The others, the small shapes of a model larger than the caches (timed
+// alone their few weights would come from cache; decode reads them from memory between the
+// others) and weights above kLargestStreamTimedBytes, take the choice of the timed shape with
+// the most bytes, or are timed where there is none.
+std::vector<int> ChooseStreamsForShapes(const std::vector<StreamShape>& shapes);
 
 // Describes the shape for logs: "[K=896, N=1152] bf16 +bias" (" int4" for quantized weights).
 std::string DescribeShape(const LinearShape& shape);

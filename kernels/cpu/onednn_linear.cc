@@ -533,20 +533,21 @@ absl::StatusOr<KernelChoice> FindChoice(const ShapeGroup& group, const ShapeGrou
   return choice;
 }
 
-// The bf16 small-M kernel's streams a thread (ChooseStreams) for each shape it runs at one row,
-// timed at one row over the group's weights as FindChoice times them.
+// The bf16 small-M kernel's streams a thread (ChooseStreamsForShapes) for each shape it runs at
+// one row.
 absl::Status ChooseStreamsForGroups(std::vector<ShapeGroup>& groups) {
-  const ShapeGroup* largest_timed = nullptr;
-  StreamChoice largest_choice;
-  for (ShapeGroup& group : groups) {  // smallest first
+  std::vector<StreamShape> shapes;
+  std::vector<ShapeGroup*> chosen;
+  absl::Status status;
+  std::vector<float> x;
+  std::vector<float> y;
+  for (ShapeGroup& group : groups) {
     if (group.shape.dtype != DType::kBF16 || (group.choice.small_m_rows & 1u) == 0) continue;
-    const LinearShape& shape = group.shape;
-    absl::Status status;
-    std::vector<float> x(static_cast<size_t>(shape.k), 0.5f);
-    std::vector<float> y(static_cast<size_t>(shape.n));
-    auto round = [&](int streams) {
+    auto round = [&status, &x, &y, members = group.members, shape = group.shape](int streams) {
+      x.assign(static_cast<size_t>(shape.k), 0.5f);
+      y.resize(static_cast<size_t>(shape.n));
       size_t bytes = 0;
-      for (OneDnnLinear* linear : group.members) {
+      for (OneDnnLinear* linear : members) {
         linear->set_max_streams(streams);
         absl::Status result = linear->Forward(x.data(), 1, y.data(), LinearPath::kSmallM);
         if (!result.ok() && status.ok()) status = result;
@@ -554,16 +555,14 @@ absl::Status ChooseStreamsForGroups(std::vector<ShapeGroup>& groups) {
         if (bytes >= kStreamRoundBytes) break;
       }
     };
-    const bool too_large = group.bytes > kLargestStreamTimedBytes && largest_timed != nullptr;
-    const StreamChoice choice =
-        ChooseStreams(shape, round, too_large ? &largest_timed->shape : nullptr,
-                      too_large ? &largest_choice : nullptr);
-    KILN_RETURN_IF_ERROR(status);
-    for (OneDnnLinear* linear : group.members) linear->set_max_streams(choice.streams);
-    if (!too_large) {
-      largest_timed = &group;
-      largest_choice = choice;
-    }
+    shapes.push_back(
+        StreamShape{group.shape, group.bytes, group.bytes * group.members.size(), round});
+    chosen.push_back(&group);
+  }
+  const std::vector<int> streams = ChooseStreamsForShapes(shapes);
+  KILN_RETURN_IF_ERROR(status);
+  for (size_t i = 0; i < chosen.size(); ++i) {
+    for (OneDnnLinear* linear : chosen[i]->members) linear->set_max_streams(streams[i]);
   }
   return absl::OkStatus();
 }

@@ -785,51 +785,39 @@ absl::Status RunQuantizedLinear(const PackedLinear& linear, const float* x, int6
 }
 
 void ChooseQuantizedStreams(absl::Span<PackedLinear* const> linears, int threads) {
-  struct Group {
-    LinearShape shape;
-    std::vector<QuantizedLinear*> members;
-    size_t bytes = 0;  // one weight's
-  };
-  std::vector<Group> groups;
+  std::vector<StreamShape> shapes;
+  std::vector<std::vector<QuantizedLinear*>> members;
   for (PackedLinear* linear : linears) {
     auto* quantized = dynamic_cast<QuantizedLinear*>(linear);
     if (quantized == nullptr) continue;
     const LinearShape shape = quantized->shape();
-    auto it = std::find_if(groups.begin(), groups.end(),
-                           [&](const Group& group) { return group.shape == shape; });
-    if (it == groups.end()) {
-      groups.push_back(Group{shape, {}, quantized->packed_bytes()});
-      it = groups.end() - 1;
+    size_t i = 0;
+    while (i < shapes.size() && !(shapes[i].shape == shape)) ++i;
+    if (i == shapes.size()) {
+      shapes.push_back(StreamShape{shape, quantized->packed_bytes(), 0, nullptr});
+      members.emplace_back();
     }
-    it->members.push_back(quantized);
+    shapes[i].total_bytes += quantized->packed_bytes();
+    members[i].push_back(quantized);
   }
-  // Smallest first, so that a weight too large to time finds the largest timed shape before it.
-  std::sort(groups.begin(), groups.end(),
-            [](const Group& a, const Group& b) { return a.bytes < b.bytes; });
-  const Group* largest_timed = nullptr;
-  StreamChoice largest_choice;
-  for (const Group& group : groups) {
-    std::vector<float> x(static_cast<size_t>(group.shape.k), 0.5f);
-    std::vector<float> y(static_cast<size_t>(group.shape.n));
-    auto round = [&](int streams) {
+  std::vector<float> x;
+  std::vector<float> y;
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    shapes[i].round = [&x, &y, &group = members[i], shape = shapes[i].shape, threads](int streams) {
+      x.assign(static_cast<size_t>(shape.k), 0.5f);
+      y.resize(static_cast<size_t>(shape.n));
       size_t bytes = 0;
-      for (QuantizedLinear* linear : group.members) {
+      for (QuantizedLinear* linear : group) {
         linear->set_max_streams(streams);
         linear->Forward(x.data(), 1, y.data(), threads);
         bytes += linear->packed_bytes();
         if (bytes >= kStreamRoundBytes) break;
       }
     };
-    const bool too_large = group.bytes > kLargestStreamTimedBytes && largest_timed != nullptr &&
-                           largest_timed->shape.quantization == group.shape.quantization;
-    const StreamChoice choice =
-        ChooseStreams(group.shape, round, too_large ? &largest_timed->shape : nullptr,
-                      too_large ? &largest_choice : nullptr);
-    for (QuantizedLinear* linear : group.members) linear->set_max_streams(choice.streams);
-    if (!too_large) {
-      largest_timed = &group;
-      largest_choice = choice;
-    }
+  }
+  const std::vector<int> streams = ChooseStreamsForShapes(shapes);
+  for (size_t i = 0; i < shapes.size(); ++i) {
+    for (QuantizedLinear* linear : members[i]) linear->set_max_streams(streams[i]);
   }
 }
 

@@ -79,5 +79,39 @@ TEST_F(StreamChoiceTest, AShapeTooLargeToTimeTakesTheChoiceItIsGiven) {
   EXPECT_NE(DescribeShape(large).find("int4"), std::string::npos) << DescribeShape(large);
 }
 
+// A model larger than a round: its big shapes are timed, largest first; its small shapes (which
+// alone would be timed from cache) and its too-large weights take the largest's choice untimed.
+TEST_F(StreamChoiceTest, SmallShapesOfALargeModelTakeTheLargestTimedShapesChoice) {
+  std::map<int64_t, int> rounds;  // by N
+  auto shape = [&](int64_t n, size_t weight_bytes, size_t total_bytes, int fastest) {
+    return StreamShape{Shape(n), weight_bytes, total_bytes, [&rounds, n, fastest](int streams) {
+                         ++rounds[n];
+                         Spin(streams == fastest ? 200 : 700);
+                       }};
+  };
+  const size_t mb = size_t{1} << 20;
+  const std::vector<StreamShape> shapes = {
+      shape(501, 2 * mb, 48 * mb, 2),        // small: 24 weights of 2 MB
+      shape(502, 17 * mb, 24 * 17 * mb, 1),  // the most bytes: timed
+      shape(503, 9 * mb, 24 * 9 * mb, 2),    // also a round's worth: timed
+      shape(504, 272 * mb, 272 * mb, 2),     // one weight too large to time
+  };
+  const std::vector<int> streams = ChooseStreamsForShapes(shapes);
+  EXPECT_EQ(streams, (std::vector<int>{1, 1, 2, 1}));
+  EXPECT_EQ(rounds.count(501), 0u);
+  EXPECT_EQ(rounds.count(504), 0u);
+  EXPECT_GT(rounds[502], 0);
+  EXPECT_GT(rounds[503], 0);
+}
+
+// A model that fits in the caches: every shape is timed on its own, from cache, as it runs.
+TEST_F(StreamChoiceTest, ShapesOfASmallModelAreEachTimed) {
+  auto shape = [](int64_t n, int fastest) {
+    return StreamShape{Shape(n), size_t{1} << 20, size_t{4} << 20,
+                       [fastest](int streams) { Spin(streams == fastest ? 200 : 700); }};
+  };
+  EXPECT_EQ(ChooseStreamsForShapes({shape(601, 2), shape(602, 1)}), (std::vector<int>{2, 1}));
+}
+
 }  // namespace
 }  // namespace kiln::cpu
