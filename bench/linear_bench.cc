@@ -50,6 +50,10 @@ ABSL_FLAG(bool, step_team, true,
           "decode does; false: a parallel region per call");
 ABSL_FLAG(std::string, quantize, "none",
           "none, or int8 / int4: time the quantized kernel on weights packed that way");
+ABSL_FLAG(std::string, streams, "",
+          "--layer_order: comma-separated panels a thread reads side by side at one row (1, 2, "
+          "4), each pass running every count in turn, alternating, one row of output each "
+          "(default: the counts chosen at load)");
 
 namespace kiln {
 namespace {
@@ -149,6 +153,7 @@ int QuantizedMain(Backend& backend, Quantization quantization, int min_m, int ma
 // --layer_order: copy c of every shape that has one, shape by shape, then the next copy (as a
 // decode step runs a model's layers), at M = 1..max_m; per shape the GB/s of its packed bytes,
 // each call timed alone, median over `repeats` passes, against the probe taken before the pass.
+// With --streams, each pass runs once per stream count, so the counts meet the same drift.
 int LayerOrderMain(Backend& backend, DType dtype, Quantization quantization, int min_m, int max_m,
                    int repeats) {
   std::printf("backend %s, %s weights, %s, layer order\n",
@@ -168,43 +173,69 @@ int LayerOrderMain(Backend& backend, DType dtype, Quantization quantization, int
   std::vector<float> x(static_cast<size_t>(max_m * widest));
   for (float& v : x) v = normal(rng);
   std::vector<float> y(static_cast<size_t>(max_m * widest));
-  std::printf("%-14s %6s %2s %10s %10s %8s %12s\n", "K x N", "copies", "M", "GB/s", "probe GB/s",
-              "÷ probe", "us a call");
+  // The stream counts to alternate (0: leave each linear at the count chosen at load).
+  std::vector<int> stream_counts;
+  for (absl::string_view text :
+       absl::StrSplit(absl::GetFlag(FLAGS_streams), ',', absl::SkipEmpty())) {
+    int count = 0;
+    CHECK(absl::SimpleAtoi(text, &count) && (count == 1 || count == 2 || count == 4))
+        << "--streams takes 1, 2 and 4, not " << text;
+    stream_counts.push_back(count);
+  }
+  if (stream_counts.empty()) stream_counts.push_back(0);
+  std::printf("%-14s %6s %2s %7s %10s %10s %8s %12s\n", "K x N", "copies", "M", "streams", "GB/s",
+              "probe GB/s", "÷ probe", "us a call");
   for (int m = min_m; m <= max_m; ++m) {
-    std::vector<std::vector<double>> seconds(shapes.size());
+    // [count][shape]: each pass's seconds.
+    std::vector<std::vector<std::vector<double>>> seconds(
+        stream_counts.size(), std::vector<std::vector<double>>(shapes.size()));
     std::vector<double> probes;
     for (int pass = 0; pass <= repeats; ++pass) {  // pass 0 warms up
       const double probe = bench::MeasureReadBandwidth(2);
-      std::vector<double> total(shapes.size(), 0.0);
-      // As a decode step runs them: on the step's team when teams are on and M is one a team
-      // takes.
-      const bool team = cpu::StepTeamsEnabled() && m <= cpu::kSmallMMaxRows;
-      const absl::Status status =
-          cpu::StepTeam::Hold(team ? omp_get_max_threads() : 1, [&]() -> absl::Status {
-            for (int layer = 0; layer < layers; ++layer) {
-              for (size_t s = 0; s < shapes.size(); ++s) {
-                if (layer >= shapes[s].copies) continue;
-                const auto start = Clock::now();
-                KILN_RETURN_IF_ERROR(
-                    cpu::RunLinear(*linears[s][static_cast<size_t>(layer)], x.data(), m, y.data()));
-                total[s] += Seconds(start);
-              }
+      for (size_t c = 0; c < stream_counts.size(); ++c) {
+        for (auto& copies : linears) {
+          for (auto& linear : copies) {
+            if (stream_counts[c] != 0 && cpu::DecodeStreams(*linear) != 0) {
+              CHECK(cpu::SetDecodeStreams(*linear, stream_counts[c]).ok());
             }
-            return absl::OkStatus();
-          });
-      CHECK(status.ok()) << status;
-      if (pass == 0) continue;
-      probes.push_back(probe);
-      for (size_t s = 0; s < shapes.size(); ++s) seconds[s].push_back(total[s]);
+          }
+        }
+        std::vector<double> total(shapes.size(), 0.0);
+        // As a decode step runs them: on the step's team when teams are on and M is one a team
+        // takes.
+        const bool team = cpu::StepTeamsEnabled() && m <= cpu::kSmallMMaxRows;
+        const absl::Status status =
+            cpu::StepTeam::Hold(team ? omp_get_max_threads() : 1, [&]() -> absl::Status {
+              for (int layer = 0; layer < layers; ++layer) {
+                for (size_t s = 0; s < shapes.size(); ++s) {
+                  if (layer >= shapes[s].copies) continue;
+                  const auto start = Clock::now();
+                  KILN_RETURN_IF_ERROR(cpu::RunLinear(*linears[s][static_cast<size_t>(layer)],
+                                                      x.data(), m, y.data()));
+                  total[s] += Seconds(start);
+                }
+              }
+              return absl::OkStatus();
+            });
+        CHECK(status.ok()) << status;
+        if (pass == 0) continue;
+        for (size_t s = 0; s < shapes.size(); ++s) seconds[c][s].push_back(total[s]);
+      }
+      if (pass > 0) probes.push_back(probe);
     }
     const double probe = Median(probes);
     for (size_t s = 0; s < shapes.size(); ++s) {
       double bytes = 0;
       for (const auto& linear : linears[s]) bytes += static_cast<double>(linear->packed_bytes());
-      const double t = Median(seconds[s]);
-      std::printf("%6ldx%-7ld %6d %2d %10.1f %10.1f %8.2f %12.1f\n", shapes[s].k, shapes[s].n,
-                  shapes[s].copies, m, bytes / t / 1e9, probe / 1e9, bytes / t / probe,
-                  t / shapes[s].copies * 1e6);
+      for (size_t c = 0; c < stream_counts.size(); ++c) {
+        const double t = Median(seconds[c][s]);
+        const int streams = cpu::DecodeStreams(*linears[s][0]);
+        const std::string streams_text =
+            streams == 0 ? "-" : std::to_string(stream_counts[c] == 0 ? streams : stream_counts[c]);
+        std::printf("%6ldx%-7ld %6d %2d %7s %10.1f %10.1f %8.2f %12.1f\n", shapes[s].k, shapes[s].n,
+                    shapes[s].copies, m, streams_text.c_str(), bytes / t / 1e9, probe / 1e9,
+                    bytes / t / probe, t / shapes[s].copies * 1e6);
+      }
     }
   }
   return 0;
