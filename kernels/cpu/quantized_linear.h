@@ -49,9 +49,9 @@ absl::Status RunQuantizedLinear(const PackedLinear& linear, const float* x, int6
                                 int threads);
 
 // Chooses for each shape of quantized linear among `linears` (others are skipped) how many panels
-// a thread reads side by side at one row (linear_dispatch.h's ChooseStreams: measured over that
-// shape's weights at one row on up to `threads` threads, once per shape and process) and sets it
-// on every linear of the shape.
+// a thread reads side by side at one row (linear_dispatch.h's ChooseStreamsForShapes: rounds over
+// the shape's weights at one row on up to `threads` threads, once per shape and process) and
+// sets it on every linear of the shape.
 void ChooseQuantizedStreams(absl::Span<PackedLinear* const> linears, int threads);
 // The count a quantized linear reads at one row, and setting it (the caller checks
 // IsQuantizedLinear and that streams is 1, 2 or 4; onednn_linear.h's SetDecodeStreams does).
