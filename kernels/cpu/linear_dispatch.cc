@@ -197,9 +197,8 @@ KernelChoice ChooseKernel(const LinearShape& shape, ProbeFn probe, RoundFn round
 
 namespace {
 
-// The stream counts tried, the default first: it keeps its place unless another count's median
-// round is this much faster (the rounds of a shared machine's memory drift by a few percent).
-constexpr int kStreamCounts[] = {4, 2, 1};
+// The default count keeps its place unless another count's median round is this much faster
+// (the rounds of a shared machine's memory drift by a few percent).
 constexpr double kStreamTieMargin = 1.03;
 
 // KILN_DECODE_STREAMS, read once: 0 (auto, measure) or a count.
@@ -230,17 +229,14 @@ StreamChoice MeasureStreams(StreamRoundFn round) {
     }
   }
   StreamChoice choice;
-  double best = Median(times[0]);
+  double medians[kCounts];
   std::string measured;
   for (int i = 0; i < kCounts; ++i) {
-    const double median = Median(times[i]);
-    if (i > 0 && median * kStreamTieMargin < best) {
-      best = median;
-      choice.streams = kStreamCounts[i];
-    }
+    medians[i] = Median(times[i]);
     absl::StrAppendFormat(&measured, "%s%d: %.0f us", i == 0 ? "" : ", ", kStreamCounts[i],
-                          median * 1e6);
+                          medians[i] * 1e6);
   }
+  choice.streams = PickStreams(medians);
   choice.summary =
       absl::StrCat(choice.streams, choice.streams == 1 ? " panel" : " panels",
                    " side by side a thread at one row (per round, by streams: ", measured, ")");
@@ -248,6 +244,18 @@ StreamChoice MeasureStreams(StreamRoundFn round) {
 }
 
 }  // namespace
+
+int PickStreams(absl::Span<const double> median_seconds) {
+  int streams = kStreamCounts[0];
+  double best = median_seconds[0];
+  for (size_t i = 1; i < median_seconds.size() && i < std::size(kStreamCounts); ++i) {
+    if (median_seconds[i] * kStreamTieMargin < best) {
+      best = median_seconds[i];
+      streams = kStreamCounts[i];
+    }
+  }
+  return streams;
+}
 
 bool KnownStreams(const LinearShape& shape, StreamChoice* choice) {
   Memo& memo = TheMemo();

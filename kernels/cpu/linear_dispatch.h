@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/functional/function_ref.h"
+#include "absl/types/span.h"
 #include "kernels/dtype.h"
 #include "kernels/quantization.h"
 
@@ -87,6 +88,12 @@ using StreamRoundFn = absl::FunctionRef<void(int streams)>;
 StreamChoice ChooseStreams(const LinearShape& shape, StreamRoundFn round,
                            const LinearShape* like_shape = nullptr,
                            const StreamChoice* like = nullptr);
+
+// The counts ChooseStreams measures, the default first.
+inline constexpr int kStreamCounts[] = {4, 2, 1};
+// The count that median seconds a round (in kStreamCounts' order) choose: the default unless
+// another is more than 3 % faster, then the fastest such.
+int PickStreams(absl::Span<const double> median_seconds);
 
 // The stream count already chosen for `shape` in this process, if any.
 bool KnownStreams(const LinearShape& shape, StreamChoice* choice);
