@@ -55,9 +55,9 @@ bool ChoosesSmallM(const PackedLinear& linear, int64_t m);
 
 // How many panels a thread of the decode kernel (the bf16 small-M kernel or a quantized kernel)
 // reads side by side at one row: what packing measured (linear_dispatch.h's ChooseStreams), 1, 2
-// or 4; 0 for a linear without such a kernel. Setting it (benches, tests) changes no result: each
-// panel's sums run in the same order whatever is beside it. InvalidArgument for another count or
-// a linear without such a kernel.
+// or 4; 0 for a linear without such a kernel. Setting it (benches, tests; not while the linear
+// runs) changes no result: each panel's sums run in the same order whatever is beside it.
+// InvalidArgument for another count or a linear without such a kernel.
 int DecodeStreams(const PackedLinear& linear);
 absl::Status SetDecodeStreams(PackedLinear& linear, int streams);
 
