@@ -65,10 +65,10 @@ double Median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-// Seconds one round takes.
-double Time(RoundFn round, int64_t m, bool small_m) {
+// Seconds `run` takes.
+double Time(absl::FunctionRef<void()> run) {
   const auto start = std::chrono::steady_clock::now();
-  round(m, small_m);
+  run();
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
 
@@ -82,8 +82,8 @@ uint32_t Measure(RoundFn round, std::string* summary) {
     std::vector<double> small;
     std::vector<double> brgemm;
     for (int r = 0; r < kTimedRounds; ++r) {
-      small.push_back(Time(round, bucket.m, true));
-      brgemm.push_back(Time(round, bucket.m, false));
+      small.push_back(Time([&] { round(bucket.m, true); }));
+      brgemm.push_back(Time([&] { round(bucket.m, false); }));
     }
     const double t_small = Median(small);
     const double t_brgemm = Median(brgemm);
@@ -216,17 +216,18 @@ int StreamPin() {
   return pin;
 }
 
+// For the log: "2 panels side by side a thread at one row".
+std::string StreamsText(int streams) {
+  return absl::StrCat(streams, streams == 1 ? " panel" : " panels",
+                      " side by side a thread at one row");
+}
+
 StreamChoice MeasureStreams(StreamRoundFn round) {
   constexpr int kCounts = static_cast<int>(std::size(kStreamCounts));
   std::vector<double> times[kCounts];
   for (const int streams : kStreamCounts) round(streams);
   for (int r = 0; r < kTimedRounds; ++r) {
-    for (int i = 0; i < kCounts; ++i) {
-      const auto start = std::chrono::steady_clock::now();
-      round(kStreamCounts[i]);
-      times[i].push_back(
-          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-    }
+    for (int i = 0; i < kCounts; ++i) times[i].push_back(Time([&] { round(kStreamCounts[i]); }));
   }
   StreamChoice choice;
   double medians[kCounts];
@@ -238,8 +239,7 @@ StreamChoice MeasureStreams(StreamRoundFn round) {
   }
   choice.streams = PickStreams(medians);
   choice.summary =
-      absl::StrCat(choice.streams, choice.streams == 1 ? " panel" : " panels",
-                   " side by side a thread at one row (per round, by streams: ", measured, ")");
+      absl::StrCat(StreamsText(choice.streams), " (per round, by streams: ", measured, ")");
   return choice;
 }
 
@@ -272,8 +272,7 @@ StreamChoice ChooseStreams(const LinearShape& shape, StreamRoundFn round,
   if (KnownStreams(shape, &choice)) return choice;
   if (const int pin = StreamPin(); pin != 0) {
     choice.streams = pin;
-    choice.summary = absl::StrCat(pin, pin == 1 ? " panel" : " panels",
-                                  " side by side a thread at one row (KILN_DECODE_STREAMS)");
+    choice.summary = absl::StrCat(StreamsText(pin), " (KILN_DECODE_STREAMS)");
   } else if (like != nullptr) {
     choice.streams = like->streams;
     choice.summary = absl::StrCat("as ", DescribeShape(*like_shape), ": ", like->summary);
@@ -301,7 +300,7 @@ std::vector<int> ChooseStreamsForShapes(const std::vector<StreamShape>& shapes) 
     if (timed(shapes[a]) != timed(shapes[b])) return timed(shapes[a]);
     return shapes[a].total_bytes > shapes[b].total_bytes;
   });
-  std::vector<int> streams(shapes.size(), 4);
+  std::vector<int> streams(shapes.size());  // each set below
   const StreamShape* like_shape = nullptr;
   StreamChoice like;
   for (const size_t i : order) {

@@ -539,13 +539,14 @@ absl::Status ChooseStreamsForGroups(std::vector<ShapeGroup>& groups) {
   std::vector<StreamShape> shapes;
   std::vector<ShapeGroup*> chosen;
   absl::Status status;
+  // One input row and output row, sized for the widest shape below.
   std::vector<float> x;
   std::vector<float> y;
   for (ShapeGroup& group : groups) {
     if (group.shape.dtype != DType::kBF16 || (group.choice.small_m_rows & 1u) == 0) continue;
-    auto round = [&status, &x, &y, members = group.members, shape = group.shape](int streams) {
-      x.assign(static_cast<size_t>(shape.k), 0.5f);
-      y.resize(static_cast<size_t>(shape.n));
+    x.resize(std::max(x.size(), static_cast<size_t>(group.shape.k)), 0.5f);
+    y.resize(std::max(y.size(), static_cast<size_t>(group.shape.n)));
+    auto round = [&status, &x, &y, members = group.members](int streams) {
       size_t bytes = 0;
       for (OneDnnLinear* linear : members) {
         linear->set_max_streams(streams);

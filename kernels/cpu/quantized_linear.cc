@@ -17,44 +17,29 @@
 #include "kernels/cpu/host_memory.h"
 #include "kernels/cpu/linear_dispatch.h"
 #include "kernels/cpu/panel_split.h"
+#include "kernels/cpu/quantized_panels.h"
 #include "kernels/dtype.h"
-
-// GCC 12 reports the _mm512_undefined_ps() pass-through operand inside its own intrinsics
-// (vcvtdq2ps, vcvtph2ps, vmaxps) as maybe-uninitialized once they inline into a target("...")
-// function; the operand is unused by the unmasked forms.
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 
 namespace kiln::cpu {
 namespace {
 
-#define KILN_VNNI_TARGET \
-  __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,f16c")))
+using quantized::kInt4GroupBytes;
+using quantized::kInt4GroupWeightBytes;
+using quantized::kInt4PanelColumns;
+using quantized::kInt8PanelColumns;
+using quantized::kKAlign;
+using quantized::kMaxK;
+using quantized::kMaxRowsPerPass;
+using quantized::kQuadBytesInt8;
+using quantized::PackedView;
+using quantized::QuantizeActivations;
+using quantized::QuantizedActivations;
+using quantized::RunPanelGroup;
 
-// int8 panels: 64 columns; for each quad of K values, 4 vectors × 16 columns × 4 bytes (the
-// operand layout of vpdpbusd), each byte q + 128 (unsigned).
-constexpr int64_t kInt8PanelColumns = 64;
-constexpr int64_t kQuadBytesInt8 = kInt8PanelColumns * 4;
-// int4 panels: 32 columns; per group of 32 K values, 2 vectors × 4 loads of 64 bytes (the low
-// nibbles hold one quad of K, the high nibbles the next), each nibble q + 8, then the group's 32
-// fp16 scales. A panel is one contiguous stream.
-constexpr int64_t kInt4PanelColumns = 32;
-constexpr int64_t kInt4GroupWeightBytes = 2 * 4 * 64;
-constexpr int64_t kInt4GroupBytes = kInt4GroupWeightBytes + kInt4PanelColumns * 2;
-static_assert(kInt4GroupSize == 32, "the int4 layout holds 8 quads of K per group");
-// K is padded to whole groups with zero weights (and zero activations).
-constexpr int64_t kKAlign = 32;
-// Exact int32 sums: |Σ (q + 128)·x| ≤ K·255·127 < 2³¹.
-constexpr int64_t kMaxK = 65536;
-// Rows per pass over a panel: the int accumulators of 4 rows fill half the register file.
-constexpr int kMaxRowsPerPass = 4;
 // A thread gets at least this many weight bytes to read (counted once per pass of rows): below
 // it the fork/join costs more than the second core saves. Lower than the small-M kernel's: at
 // 512 KiB the 0.45-1 MB quantized qkv and o projections ran on one thread, 30-40 % slower.
 constexpr int64_t kMinBytesPerThread = int64_t{128} << 10;
-// How far ahead of the loads a panel is prefetched.
-constexpr int64_t kPrefetchBytes = 1024;
-
-inline void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 
 int64_t PanelColumns(Quantization kind) {
   return kind == Quantization::kInt8 ? kInt8PanelColumns : kInt4PanelColumns;
@@ -68,310 +53,8 @@ absl::string_view LayoutName(Quantization kind) {
   return kind == Quantization::kInt8 ? kInt8Layout : kInt4Layout;
 }
 
-// The packed weights as the kernels read them.
-struct PackedView {
-  Quantization kind = Quantization::kInt8;
-  int64_t k = 0;
-  int64_t k_padded = 0;
-  int64_t n = 0;
-  int64_t panels = 0;
-  int64_t panel_bytes = 0;
-  const uint8_t* data = nullptr;
-  const float* scales = nullptr;  // int8: one per column, panels × 64 values (padding 0)
-  const float* bias = nullptr;    // n values, or null
-};
-
-// Activations quantized for one call: int8 values [m][k_padded]; per row (int8 weights) or per
-// row and group (int4) a scale and the offset the unsigned weights add to the int32 sums
-// (128·Σq or 8·Σq over the row or group).
-struct QuantizedActivations {
-  std::vector<int8_t> values;
-  std::vector<float> scales;
-  std::vector<int32_t> offsets;
-};
+// One call's quantized activations, per calling thread (they only grow).
 thread_local QuantizedActivations tls_activations;
-
-// Quantizes `count` values (a multiple of 16, zero-padded past `valid`) symmetrically to int8:
-// returns the scale; `sum` gets Σq. A NaN or Inf makes the scale NaN, so the outputs are NaN.
-KILN_VNNI_TARGET float QuantizeSpan(const float* x, int64_t valid, int64_t count, int8_t* out,
-                                    int32_t* sum) {
-  __m512 amax = _mm512_setzero_ps();
-  __m512 non_finite = _mm512_setzero_ps();  // NaN in a lane once a NaN or Inf was seen (v · 0)
-  for (int64_t i = 0; i < count; i += 16) {
-    const int64_t left = std::clamp<int64_t>(valid - i, 0, 16);
-    const __mmask16 mask = static_cast<__mmask16>((uint32_t{1} << left) - 1);
-    const __m512 v = _mm512_maskz_loadu_ps(mask, x + i);
-    amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
-    non_finite = _mm512_add_ps(non_finite, _mm512_mul_ps(v, _mm512_setzero_ps()));
-  }
-  // In registers: through memory and std::max_element (and a scalar sum below) an int4 decode's
-  // 28-152 groups a call took 0.59-3.2 µs before the threads start, in registers 0.26-1.3.
-  const float max_abs = _mm512_reduce_max_ps(amax);
-  if (_mm512_cmp_ps_mask(non_finite, non_finite, _CMP_UNORD_Q) != 0) {
-    std::memset(out, 0, static_cast<size_t>(count));
-    *sum = 0;
-    return std::numeric_limits<float>::quiet_NaN();
-  }
-  if (max_abs == 0.0f) {
-    std::memset(out, 0, static_cast<size_t>(count));
-    *sum = 0;
-    return 0.0f;
-  }
-  const __m512 inverse = _mm512_set1_ps(127.0f / max_abs);
-  __m512i total = _mm512_setzero_si512();
-  for (int64_t i = 0; i < count; i += 16) {
-    const int64_t left = std::clamp<int64_t>(valid - i, 0, 16);
-    const __mmask16 mask = static_cast<__mmask16>((uint32_t{1} << left) - 1);
-    const __m512i q =
-        _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_maskz_loadu_ps(mask, x + i), inverse));
-    total = _mm512_add_epi32(total, q);
-    _mm_storeu_si128(reinterpret_cast<__m128i*>(out + i), _mm512_cvtsepi32_epi8(q));
-  }
-  *sum = _mm512_reduce_add_epi32(total);
-  return max_abs / 127.0f;
-}
-
-void QuantizeActivations(const PackedView& w, const float* x, int64_t m, QuantizedActivations& a) {
-  const int64_t groups_per_row = w.kind == Quantization::kInt8 ? 1 : w.k_padded / kInt4GroupSize;
-  const int64_t span = w.k_padded / groups_per_row;
-  a.values.resize(static_cast<size_t>(m * w.k_padded));
-  a.scales.resize(static_cast<size_t>(m * groups_per_row));
-  a.offsets.resize(static_cast<size_t>(m * groups_per_row));
-  const int32_t weight_offset = w.kind == Quantization::kInt8 ? 128 : 8;
-  for (int64_t r = 0; r < m; ++r) {
-    for (int64_t g = 0; g < groups_per_row; ++g) {
-      const int64_t first = g * span;
-      int32_t sum = 0;
-      const size_t at = static_cast<size_t>(r * groups_per_row + g);
-      // A group wholly in K's padding reads nothing (its mask is empty): point it at the row.
-      const float* row = x + r * w.k + std::min(first, w.k - 1);
-      a.scales[at] = QuantizeSpan(row, std::clamp<int64_t>(w.k - first, 0, span), span,
-                                  a.values.data() + r * w.k_padded + first, &sum);
-      a.offsets[at] = weight_offset * sum;
-    }
-  }
-}
-
-// Masked store of one vector of 16 columns starting at `col`, with the bias.
-KILN_VNNI_TARGET KILN_ALWAYS_INLINE void StoreColumns(__m512 value, const float* bias, int64_t col,
-                                                      int64_t n, float* y_row) {
-  const int64_t valid = std::clamp<int64_t>(n - col, 0, 16);
-  if (valid == 0) return;
-  const __mmask16 mask = static_cast<__mmask16>((uint32_t{1} << valid) - 1);
-  if (bias != nullptr) value = _mm512_add_ps(value, _mm512_maskz_loadu_ps(mask, bias + col));
-  _mm512_mask_storeu_ps(y_row + col, mask, value);
-}
-
-// ---- int8: R rows × the whole 64-column panel, S panels at once -------------------------------
-
-template <int R, int S>
-KILN_VNNI_TARGET void Int8Panels(const PackedView& w, const QuantizedActivations& a, int64_t row0,
-                                 const int64_t (&p)[S], float* y) {
-  const uint8_t* panel[S];
-  KILN_UNROLL
-  for (int s = 0; s < S; ++s) panel[s] = w.data + p[s] * w.panel_bytes;
-  const int8_t* x = a.values.data() + row0 * w.k_padded;
-  __m512i acc[S][R][4];
-  KILN_UNROLL
-  for (int s = 0; s < S; ++s) {
-    KILN_UNROLL
-    for (int r = 0; r < R; ++r) {
-      KILN_UNROLL
-      for (int b = 0; b < 4; ++b) acc[s][r][b] = _mm512_setzero_si512();
-    }
-  }
-  const int64_t quads = w.k_padded / 4;
-  for (int64_t j = 0; j < quads; ++j) {
-    __m512i xr[R];
-    KILN_UNROLL
-    for (int r = 0; r < R; ++r) {
-      int32_t quad;
-      std::memcpy(&quad, x + r * w.k_padded + 4 * j, sizeof(quad));
-      xr[r] = _mm512_set1_epi32(quad);
-    }
-    KILN_UNROLL
-    for (int s = 0; s < S; ++s) {
-      const uint8_t* q = panel[s] + j * kQuadBytesInt8;
-      KILN_UNROLL
-      for (int line = 0; line < 4; ++line) Prefetch(q + kPrefetchBytes + 64 * line);
-      KILN_UNROLL
-      for (int b = 0; b < 4; ++b) {
-        const __m512i weights = _mm512_load_si512(q + 64 * b);
-        KILN_UNROLL
-        for (int r = 0; r < R; ++r)
-          acc[s][r][b] = _mm512_dpbusd_epi32(acc[s][r][b], weights, xr[r]);
-      }
-    }
-  }
-  KILN_UNROLL
-  for (int s = 0; s < S; ++s) {
-    KILN_UNROLL
-    for (int b = 0; b < 4; ++b) {
-      const int64_t col = p[s] * kInt8PanelColumns + 16 * b;
-      const __m512 column_scales = _mm512_load_ps(w.scales + col);
-      KILN_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const size_t at = static_cast<size_t>(row0 + r);
-        const __m512 sums =
-            _mm512_cvtepi32_ps(_mm512_sub_epi32(acc[s][r][b], _mm512_set1_epi32(a.offsets[at])));
-        const __m512 scale = _mm512_mul_ps(column_scales, _mm512_set1_ps(a.scales[at]));
-        StoreColumns(_mm512_mul_ps(sums, scale), w.bias, col, w.n, y + (row0 + r) * w.n);
-      }
-    }
-  }
-}
-
-// ---- int4: R rows × the whole 32-column panel, scaled group by group, S panels at once ---------
-
-template <int R, int S>
-KILN_VNNI_TARGET void Int4Panels(const PackedView& w, const QuantizedActivations& a, int64_t row0,
-                                 const int64_t (&p)[S], float* y) {
-  const uint8_t* panel[S];
-  KILN_UNROLL
-  for (int s = 0; s < S; ++s) panel[s] = w.data + p[s] * w.panel_bytes;
-  const int64_t groups = w.k_padded / kInt4GroupSize;
-  const int8_t* x = a.values.data() + row0 * w.k_padded;
-  const __m512i low_nibbles = _mm512_set1_epi8(0x0f);
-  const __m512i high_nibbles = _mm512_set1_epi8(static_cast<char>(0xf0));
-  __m512 total[S][R][2];
-  KILN_UNROLL
-  for (int s = 0; s < S; ++s) {
-    KILN_UNROLL
-    for (int r = 0; r < R; ++r) total[s][r][0] = total[s][r][1] = _mm512_setzero_ps();
-  }
-  for (int64_t g = 0; g < groups; ++g) {
-    // For up to 2 rows (decode), the low nibbles' sums and, apart, the high nibbles' sums 16
-    // times over: a high nibble is used in place (byte & 0xf0, still an unsigned byte for
-    // vpdpbusd) and its sum shifted down once per group, exactly, instead of every byte shifted
-    // down, a third fewer instructions a load. With 3-4 rows (prefill's passes) the second set
-    // of accumulators would not fit the registers: the bytes are shifted there.
-    constexpr bool kHighApart = R <= 2;
-    __m512i acc[S][R][2];
-    __m512i acc_hi[S][R][2];
-    KILN_UNROLL
-    for (int s = 0; s < S; ++s) {
-      const uint8_t* block = panel[s] + g * kInt4GroupBytes;
-      KILN_UNROLL
-      for (int line = 0; line < 9; ++line) Prefetch(block + kPrefetchBytes + 64 * line);
-      KILN_UNROLL
-      for (int r = 0; r < R; ++r) {
-        acc[s][r][0] = acc[s][r][1] = _mm512_setzero_si512();
-        if constexpr (kHighApart) acc_hi[s][r][0] = acc_hi[s][r][1] = _mm512_setzero_si512();
-      }
-    }
-    KILN_UNROLL
-    for (int i = 0; i < 4; ++i) {
-      __m512i x_lo[R], x_hi[R];
-      KILN_UNROLL
-      for (int r = 0; r < R; ++r) {
-        int32_t quads[2];
-        std::memcpy(quads, x + r * w.k_padded + g * kInt4GroupSize + 8 * i, sizeof(quads));
-        x_lo[r] = _mm512_set1_epi32(quads[0]);
-        x_hi[r] = _mm512_set1_epi32(quads[1]);
-      }
-      KILN_UNROLL
-      for (int s = 0; s < S; ++s) {
-        const uint8_t* block = panel[s] + g * kInt4GroupBytes;
-        KILN_UNROLL
-        for (int b = 0; b < 2; ++b) {
-          const __m512i raw = _mm512_load_si512(block + (b * 4 + i) * 64);
-          const __m512i lo = _mm512_and_si512(raw, low_nibbles);
-          if constexpr (kHighApart) {
-            const __m512i hi = _mm512_and_si512(raw, high_nibbles);
-            KILN_UNROLL
-            for (int r = 0; r < R; ++r) {
-              acc[s][r][b] = _mm512_dpbusd_epi32(acc[s][r][b], lo, x_lo[r]);
-              acc_hi[s][r][b] = _mm512_dpbusd_epi32(acc_hi[s][r][b], hi, x_hi[r]);
-            }
-          } else {
-            const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), low_nibbles);
-            KILN_UNROLL
-            for (int r = 0; r < R; ++r) {
-              acc[s][r][b] = _mm512_dpbusd_epi32(acc[s][r][b], lo, x_lo[r]);
-              acc[s][r][b] = _mm512_dpbusd_epi32(acc[s][r][b], hi, x_hi[r]);
-            }
-          }
-        }
-      }
-    }
-    KILN_UNROLL
-    for (int s = 0; s < S; ++s) {
-      const auto* scale_bits =
-          reinterpret_cast<const __m256i*>(panel[s] + g * kInt4GroupBytes + kInt4GroupWeightBytes);
-      const __m512 column_scales[2] = {_mm512_cvtph_ps(_mm256_load_si256(scale_bits)),
-                                       _mm512_cvtph_ps(_mm256_load_si256(scale_bits + 1))};
-      KILN_UNROLL
-      for (int r = 0; r < R; ++r) {
-        const size_t at = static_cast<size_t>((row0 + r) * groups + g);
-        const __m512i offset = _mm512_set1_epi32(a.offsets[at]);
-        const __m512 row_scale = _mm512_set1_ps(a.scales[at]);
-        KILN_UNROLL
-        for (int b = 0; b < 2; ++b) {
-          __m512i exact = acc[s][r][b];
-          if constexpr (kHighApart) {
-            exact = _mm512_add_epi32(exact, _mm512_srai_epi32(acc_hi[s][r][b], 4));
-          }
-          const __m512 sums = _mm512_cvtepi32_ps(_mm512_sub_epi32(exact, offset));
-          total[s][r][b] =
-              _mm512_fmadd_ps(sums, _mm512_mul_ps(column_scales[b], row_scale), total[s][r][b]);
-        }
-      }
-    }
-  }
-  KILN_UNROLL
-  for (int s = 0; s < S; ++s) {
-    KILN_UNROLL
-    for (int b = 0; b < 2; ++b) {
-      const int64_t col = p[s] * kInt4PanelColumns + 16 * b;
-      KILN_UNROLL
-      for (int r = 0; r < R; ++r) {
-        StoreColumns(total[s][r][b], w.bias, col, w.n, y + (row0 + r) * w.n);
-      }
-    }
-  }
-}
-
-// Panels first[0..count) side by side for m ≤ 4 rows (count ≤ StreamsForRows(m)); with more rows
-// each panel in turn, in passes of 4 rows, so that the later passes read it from cache.
-void RunPanelGroup(const PackedView& w, const QuantizedActivations& a, int64_t m,
-                   const int64_t* first, int count, float* y) {
-  auto pass = [&]<int R>(int64_t row0, const int64_t* panels, int n) {
-    ForStreamCount<StreamsForRows(R)>(panels, n, [&]<int S>(const int64_t(&group)[S]) {
-      w.kind == Quantization::kInt8 ? Int8Panels<R, S>(w, a, row0, group, y)
-                                    : Int4Panels<R, S>(w, a, row0, group, y);
-    });
-  };
-  switch (m) {
-    case 1:
-      return pass.template operator()<1>(0, first, count);
-    case 2:
-      return pass.template operator()<2>(0, first, count);
-    case 3:
-      return pass.template operator()<3>(0, first, count);
-    case 4:
-      return pass.template operator()<4>(0, first, count);
-    default:
-      break;
-  }
-  for (int i = 0; i < count; ++i) {
-    for (int64_t row0 = 0; row0 < m; row0 += kMaxRowsPerPass) {
-      switch (std::min<int64_t>(m - row0, kMaxRowsPerPass)) {
-        case 1:
-          pass.template operator()<1>(row0, first + i, 1);
-          break;
-        case 2:
-          pass.template operator()<2>(row0, first + i, 1);
-          break;
-        case 3:
-          pass.template operator()<3>(row0, first + i, 1);
-          break;
-        default:
-          pass.template operator()<4>(row0, first + i, 1);
-          break;
-      }
-    }
-  }
-}
 
 // ---- Packing --------------------------------------------------------------------------------
 
@@ -800,12 +483,13 @@ void ChooseQuantizedStreams(absl::Span<PackedLinear* const> linears, int threads
     shapes[i].total_bytes += quantized->packed_bytes();
     members[i].push_back(quantized);
   }
+  // One input row and output row, sized for the widest shape.
   std::vector<float> x;
   std::vector<float> y;
   for (size_t i = 0; i < shapes.size(); ++i) {
-    shapes[i].round = [&x, &y, &group = members[i], shape = shapes[i].shape, threads](int streams) {
-      x.assign(static_cast<size_t>(shape.k), 0.5f);
-      y.resize(static_cast<size_t>(shape.n));
+    x.resize(std::max(x.size(), static_cast<size_t>(shapes[i].shape.k)), 0.5f);
+    y.resize(std::max(y.size(), static_cast<size_t>(shapes[i].shape.n)));
+    shapes[i].round = [&x, &y, &group = members[i], threads](int streams) {
       size_t bytes = 0;
       for (QuantizedLinear* linear : group) {
         linear->set_max_streams(streams);
