@@ -9,6 +9,7 @@
 
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/panel_split.h"
+#include "kernels/cpu/prefetch.h"
 
 namespace kiln::cpu {
 namespace {
@@ -16,8 +17,11 @@ namespace {
 #define KILN_AVX512_BF16_TARGET \
   __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 
-// How far ahead of the loads the panel is prefetched. The hardware prefetcher follows one
-// sequential stream well; this keeps more lines in flight at the start of each panel.
+// How far ahead of the loads the 1-4-row kernel prefetches a panel, into L2 (prefetcht1). The
+// hardware prefetcher follows one sequential stream well; this keeps more lines in flight (on a
+// Zen 4, alternating in one process: qkv 0.64 → 0.68-0.85 of the probe at 1-3 rows, the larger
+// shapes the same or a few % faster; prefetcht0, into L1 too, read 10-30 % slower at 2-4 rows).
+// The f32 kernel does not prefetch: it read the same or slower with it.
 constexpr int64_t kPrefetchBytes = 1024;
 // A thread gets at least this many weight bytes: below it the fork/join costs more than the
 // second core saves.
@@ -47,8 +51,6 @@ KILN_AVX512_TARGET KILN_ALWAYS_INLINE void StorePanel(const __m512 (&acc)[R][4],
     }
   }
 }
-
-inline void Prefetch(const void* p) { _mm_prefetch(static_cast<const char*>(p), _MM_HINT_T0); }
 
 // Runs f.template operator()<R>() with R = clamp(rows, First, Last), for kernels templated on
 // their row count.
@@ -96,7 +98,7 @@ KILN_AVX512_BF16_TARGET KILN_ALWAYS_INLINE void PanelsBf16(const uint16_t* const
     for (int s = 0; s < S; ++s) {
       const uint16_t* p = panels[s] + j * 128;
       KILN_UNROLL
-      for (int line = 0; line < 4; ++line) Prefetch(p + kPrefetchBytes / 2 + line * 32);
+      for (int line = 0; line < 4; ++line) PrefetchToL2(p + kPrefetchBytes / 2 + line * 32);
       KILN_UNROLL
       for (int b = 0; b < 4; ++b) {
         const __m512bh w = (__m512bh)_mm512_load_si512(p + 32 * b);
@@ -143,11 +145,12 @@ KILN_AVX512_BF16_TARGET void PanelGroupBf16(const PanelWeights& w, const uint32_
 // 5-8 rows take a panel as two column halves (8 rows × 2 vectors fill the registers), 9-16 rows
 // also as two row groups: up to four passes. Passes over the whole panel would leave memory idle
 // while the later ones read it from cache; over a chunk (8 KiB) they read it from L1 and, spread
-// over them, prefetch the next chunk, so the weights stream at an even rate while the FMAs run
-// (linear_bench --layer_order, the 0.5B shapes on a Zen 5 EPYC: 15 % faster than whole-panel
+// over them, prefetch the next chunk into L2, so the weights stream at an even rate while the FMAs
+// run (linear_bench --layer_order, the 0.5B shapes on a Zen 5 EPYC: 15 % faster than whole-panel
 // passes at 8 rows, and at 16 rows about 20 % faster than brgemm in the dispatcher's rounds; on a
 // Zen 4, whose AVX-512 units are 256 bits wide, brgemm stays ahead at 9-16 rows and the
-// dispatcher gives it those).
+// dispatcher gives it those). The prefetch is worth 25-40 % at 5-8 rows on the Zen 4 (it had been
+// compiled out, see prefetch.h); into L1 instead it gained about half of that.
 // Accumulators go to a scratch between passes (exact), so each row sums in the order above.
 
 // k pairs per chunk: 32 × 256 bytes (16 to 64 measured the same at 16 rows; 128 with the next
@@ -182,7 +185,7 @@ KILN_AVX512_BF16_TARGET KILN_ALWAYS_INLINE void ChunkPassBf16(
   const uint16_t* p = panel + j_begin * 128 + 32 * b0;
   for (int64_t j = j_begin; j < j_end; ++j, p += 128) {
     KILN_UNROLL
-    for (int line = 0; line < L; ++line) Prefetch(ahead + line * 64);
+    for (int line = 0; line < L; ++line) PrefetchToL2(ahead + line * 64);
     ahead += L * 64;
     const __m512bh w0 = (__m512bh)_mm512_load_si512(p);
     const __m512bh w1 = (__m512bh)_mm512_load_si512(p + 32);
@@ -325,8 +328,6 @@ KILN_AVX512_TARGET KILN_ALWAYS_INLINE void PanelF32(const float* panel, int64_t 
   const float* base = panel + 16 * b0;
   for (int64_t i = i_begin; i < i_end; ++i) {
     const float* p = base + i * 64;
-    KILN_UNROLL
-    for (int line = 0; line < B; ++line) Prefetch(p + kPrefetchBytes / 4 + line * 16);
     __m512 w[B];
     KILN_UNROLL
     for (int b = 0; b < B; ++b) w[b] = _mm512_load_ps(p + 16 * b);
