@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <new>
 #include <utility>
 
@@ -94,18 +95,77 @@ void FreeHost(void* data) {
   }
 }
 
-HostBytes CopyToHost(const std::byte* data, size_t bytes, int threads) {
-  HostBytes copy(static_cast<std::byte*>(AllocateHost(std::max<size_t>(bytes, 1))));
-  if (copy == nullptr) return copy;
-  PopulateForRead(data, bytes);  // the source is usually a mapped file
-  // Chunks of whole huge pages, so that each thread first-touches its own pages.
-  const int64_t chunks = static_cast<int64_t>((bytes + kHugePage - 1) / kHugePage);
-#pragma omp parallel for schedule(static) num_threads(std::max(threads, 1))
-  for (int64_t c = 0; c < chunks; ++c) {
-    const size_t at = static_cast<size_t>(c) * kHugePage;
-    std::memcpy(copy.get() + at, data + at, std::min(kHugePage, bytes - at));
+namespace {
+
+// A mapping of 2 MiB pages that small weights are cut from, front to back; unmapped when the last
+// piece (and the allocator's weak reference) lets go of it.
+class WeightChunk {
+ public:
+  static std::shared_ptr<WeightChunk> Map(size_t size) {
+    void* base = MapHugePageAligned(size);
+    if (base == nullptr) return nullptr;
+    return std::shared_ptr<WeightChunk>(new WeightChunk(static_cast<std::byte*>(base), size));
   }
-  return copy;
+  ~WeightChunk() { ::munmap(base_, size_); }
+  WeightChunk(const WeightChunk&) = delete;
+  WeightChunk& operator=(const WeightChunk&) = delete;
+
+  // `bytes` (a multiple of kAlignment) from the free end, or null when they do not fit.
+  std::byte* Take(size_t bytes) {
+    if (size_ - used_ < bytes) return nullptr;
+    std::byte* p = base_ + used_;
+    used_ += bytes;
+    return p;
+  }
+
+ private:
+  WeightChunk(std::byte* base, size_t size) : base_(base), size_(size) {}
+  std::byte* const base_;
+  const size_t size_;
+  size_t used_ = 0;
+};
+
+constexpr size_t kWeightChunkBytes = size_t{32} << 20;
+
+ABSL_CONST_INIT absl::Mutex weight_chunk_mutex(absl::kConstInit);
+// The chunk new pieces come from; weak, so that a chunk whose weights are all gone is unmapped.
+std::weak_ptr<WeightChunk>& CurrentWeightChunk() ABSL_EXCLUSIVE_LOCKS_REQUIRED(weight_chunk_mutex) {
+  static auto* current = new std::weak_ptr<WeightChunk>();
+  return *current;
+}
+
+// Copies [data, data + bytes) to `to` on up to `threads` OpenMP threads, in runs of whole huge
+// pages so that each thread first-touches its own pages.
+void CopyInParallel(const std::byte* data, size_t bytes, std::byte* to, int threads) {
+  PopulateForRead(data, bytes);  // the source is usually a mapped file
+  const int64_t runs = static_cast<int64_t>((bytes + kHugePage - 1) / kHugePage);
+#pragma omp parallel for schedule(static) num_threads(std::max(threads, 1))
+  for (int64_t c = 0; c < runs; ++c) {
+    const size_t at = static_cast<size_t>(c) * kHugePage;
+    std::memcpy(to + at, data + at, std::min(kHugePage, bytes - at));
+  }
+}
+
+}  // namespace
+
+WeightBytes AllocateWeights(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 1);
+  if (bytes >= 2 * kHugePage) {
+    HostBytes own(static_cast<std::byte*>(AllocateHost(bytes)));
+    if (own == nullptr) throw std::bad_alloc();
+    return WeightBytes(std::move(own));
+  }
+  const size_t size = (bytes + kAlignment - 1) / kAlignment * kAlignment;
+  absl::MutexLock lock(&weight_chunk_mutex);
+  std::shared_ptr<WeightChunk> chunk = CurrentWeightChunk().lock();
+  std::byte* piece = chunk != nullptr ? chunk->Take(size) : nullptr;
+  if (piece == nullptr) {
+    chunk = WeightChunk::Map(kWeightChunkBytes);
+    if (chunk == nullptr) throw std::bad_alloc();
+    CurrentWeightChunk() = chunk;
+    piece = chunk->Take(size);
+  }
+  return WeightBytes::Piece(piece, std::move(chunk));
 }
 
 bool UsableWhereTheyLie(const PackedImage& image) {
@@ -118,9 +178,9 @@ bool UsableWhereTheyLie(const PackedImage& image) {
 
 WeightBytes AdoptPart(const PackedImage& image, const PackedImage::Part& part, int threads) {
   if (UsableWhereTheyLie(image)) return WeightBytes(part.data, image.backing);
-  HostBytes copy = CopyToHost(part.data, part.bytes, threads);
-  if (copy == nullptr) throw std::bad_alloc();
-  return WeightBytes(std::move(copy));
+  WeightBytes copy = AllocateWeights(part.bytes);
+  CopyInParallel(part.data, part.bytes, copy.mutable_data(), threads);
+  return copy;
 }
 
 std::shared_ptr<MemoryResource> HostMemory() {

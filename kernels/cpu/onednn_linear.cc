@@ -79,11 +79,11 @@ class OneDnnLinear final : public PackedLinear {
     kernel_name_ = rep->impl;
   }
 
-  // Converts, stacks and reorders the weight into a buffer of its own. Throws dnnl::error /
-  // std::bad_alloc.
+  // Converts, stacks and reorders the weight into weight memory (AllocateWeights). Throws
+  // dnnl::error / std::bad_alloc.
   void Pack(const LinearPackSpec& spec) {
     const size_t packed_size = packed_md_.get_size();
-    weights_ = WeightBytes(AllocAligned(packed_size));
+    weights_ = AllocateWeights(packed_size);
     weights_mem_ = memory(packed_md_, engine_, weights_.mutable_data());
     dnnl::stream& stream = ThreadStream(engine_);
     const bool in_place = ReorderBlocksWhereTheyLie(spec, stream);

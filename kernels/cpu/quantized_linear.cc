@@ -164,9 +164,8 @@ class QuantizedLinear final : public PackedLinear {
 
   // Throws std::bad_alloc.
   void Pack(const LinearPackSpec& spec, int threads) {
-    data_ = WeightBytes(HostBytes(Allocate(data_bytes())));
-    if (view_.kind == Quantization::kInt8)
-      scales_ = WeightBytes(HostBytes(Allocate(scale_bytes())));
+    data_ = AllocateWeights(data_bytes());
+    if (view_.kind == Quantization::kInt8) scales_ = AllocateWeights(scale_bytes());
     SetBias(spec);
     auto* data = reinterpret_cast<uint8_t*>(data_.mutable_data());
     auto* scales = reinterpret_cast<float*>(scales_.mutable_data());

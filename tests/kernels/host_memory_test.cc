@@ -139,5 +139,49 @@ TEST(HostMemoryTest, LargeBlocksAreFreshMappingsAdvisedForHugePages) {
   EXPECT_TRUE(MappingOf(block.data).header.empty()) << "the mapping outlived FreeHost";
 }
 
+// Small weights are pieces of shared chunks of 2 MiB pages, not malloc's 4 KiB heap pages: aligned,
+// disjoint, writable, and a chunk is unmapped with its last piece. Large ones are mappings of their
+// own, as AllocateHost makes them.
+TEST(HostMemoryTest, WeightsComeInHugePagesWhateverTheirSize) {
+  constexpr size_t kPiece = (3 << 20) + 100;  // ten fit a 32 MiB chunk, the eleventh does not
+  std::vector<WeightBytes> pieces;
+  pieces.push_back(AllocateWeights(kPiece));
+  const MappingInfo first = MappingOf(pieces[0].data());
+  // Allocate until a piece starts a chunk of its own, which only the pieces after it share.
+  size_t fresh = 0;
+  for (int i = 1; i < 24 && fresh == 0; ++i) {
+    pieces.push_back(AllocateWeights(kPiece));
+    if (MappingOf(pieces.back().data()).header != first.header) fresh = pieces.size() - 1;
+  }
+  ASSERT_GT(fresh, 0u) << "24 pieces of 3 MiB fit one mapping";
+  for (int i = 0; i < 3; ++i) pieces.push_back(AllocateWeights(kPiece));
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    WeightBytes& piece = pieces[i];
+    ASSERT_NE(piece.mutable_data(), nullptr);
+    EXPECT_FALSE(piece.in_place());
+    EXPECT_EQ(reinterpret_cast<uintptr_t>(piece.data()) % 256, 0u);
+    std::memset(piece.mutable_data(), static_cast<int>(i + 1), kPiece);
+    const MappingInfo mapping = MappingOf(piece.data());
+    EXPECT_EQ(mapping.header.find("[heap]"), std::string::npos) << mapping.header;
+    EXPECT_NE(mapping.flags.find(" hg"), std::string::npos) << mapping.flags;
+  }
+  std::vector<const std::byte*> starts;
+  for (size_t i = 0; i < pieces.size(); ++i) {
+    EXPECT_EQ(pieces[i].data()[0], static_cast<std::byte>(i + 1)) << "another piece wrote here";
+    EXPECT_EQ(pieces[i].data()[kPiece - 1], static_cast<std::byte>(i + 1));
+    starts.push_back(pieces[i].data());
+  }
+  std::sort(starts.begin(), starts.end());
+  for (size_t i = 1; i < starts.size(); ++i) EXPECT_GE(starts[i], starts[i - 1] + kPiece);
+
+  const std::byte* fresh_start = pieces[fresh].data();
+  pieces.erase(pieces.begin() + static_cast<std::ptrdiff_t>(fresh), pieces.end());
+  EXPECT_TRUE(MappingOf(fresh_start).header.empty()) << "the chunk outlived its last piece";
+
+  WeightBytes large = AllocateWeights(size_t{5} << 20);
+  EXPECT_EQ(reinterpret_cast<uintptr_t>(large.data()) % (2 << 20), 0u);
+  EXPECT_NE(MappingOf(large.data()).flags.find(" hg"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace kiln::cpu
