@@ -20,6 +20,7 @@
 
 #include "kernels/cpu/ops.h"
 #include "kernels/cpu/parallel_for.h"
+#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/vector_math.h"
 
 namespace kiln::cpu {
@@ -216,6 +217,63 @@ KILN_AVX512_TARGET void Scores(int64_t n, const float* q, int64_t head_dim, cons
   }
 }
 
+// The cache lines of one KV head's keys and values at positions [first, first + kKeysPerChunk),
+// asked for into L2 a few at a time while the chunk before them is scored, keys first.
+class ChunkPrefetch {
+ public:
+  template <typename T>
+  void Reset(const PagedKv& kv, int64_t kv_offset, int64_t head_dim, int64_t first, int64_t end,
+             int64_t steps) {
+    spans_ = 0;
+    next_span_ = 0;
+    next_line_ = 0;
+    total_ = 0;
+    const int64_t block_size = kv.pool.block_size;
+    const int64_t last = std::min(first + kKeysPerChunk, end);
+    for (int64_t p = first; p < last;) {  // keys: a head's rows of a block lie back to back
+      const int64_t offset = p % block_size;
+      Add(kv.key<T>(p - offset, kv_offset), head_dim * block_size * sizeof(T));
+      p += std::min(block_size - offset, last - p);
+    }
+    for (int64_t p = first; p < last; ++p) Add(kv.value<T>(p, kv_offset), head_dim * sizeof(T));
+    per_step_ = (total_ + steps - 1) / std::max<int64_t>(steps, 1);
+  }
+  // The next lines of a step's share.
+  void Step() { Issue(per_step_); }
+  void Rest() { Issue(total_); }
+
+ private:
+  static constexpr int64_t kLine = 64;
+  struct Span {
+    uintptr_t first_line;
+    int64_t lines;
+  };
+  void Add(const void* p, int64_t bytes) {
+    const auto begin = reinterpret_cast<uintptr_t>(p);
+    const uintptr_t first_line = begin / kLine;
+    const int64_t lines = static_cast<int64_t>((begin + bytes + kLine - 1) / kLine - first_line);
+    span_[spans_++] = Span{first_line, lines};
+    total_ += lines;
+  }
+  void Issue(int64_t lines) {
+    for (; lines > 0 && next_span_ < spans_; --lines) {
+      const Span& span = span_[next_span_];
+      PrefetchToL2(reinterpret_cast<const void*>((span.first_line + next_line_) * kLine));
+      if (++next_line_ == span.lines) {
+        next_line_ = 0;
+        ++next_span_;
+      }
+    }
+  }
+
+  Span span_[2 * kKeysPerChunk];  // ≤ one a block of keys and one a position of values
+  int spans_ = 0;
+  int next_span_ = 0;
+  int64_t next_line_ = 0;
+  int64_t total_ = 0;
+  int64_t per_step_ = 0;
+};
+
 // T is the pool's element (float, or uint16_t bf16 bits).
 template <typename T>
 KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int64_t q_stride,
@@ -255,8 +313,15 @@ KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int
   const __m512 minus_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
   const bool direct_keys = block_size % kLanes == 0;
   const T* value_rows[kKeysPerChunk];
+  // The first chunk's lines are asked for at once; each later chunk's trickle out while the
+  // chunk before it is scored (one share after each Scores call), into L2.
+  const int64_t score_steps = (rows + 3) / 4 * kSubBlocks;
+  ChunkPrefetch prefetch;
+  prefetch.Reset<T>(kv, kv_offset, head_dim, 0, keys, 1);
+  prefetch.Rest();
   for (int64_t k0 = 0; k0 < keys; k0 += kKeysPerChunk) {
     const int64_t count = std::min(kKeysPerChunk, keys - k0);
+    prefetch.Reset<T>(kv, kv_offset, head_dim, k0 + kKeysPerChunk, keys, score_steps);
     const int64_t sub_blocks = (count + kLanes - 1) / kLanes;
     // Value rows block by block: one division per block, not per key.
     for (int64_t p = k0; p < k0 + count;) {
@@ -304,6 +369,7 @@ KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int
         } else {
           Scores(n, qr, head_dim, gathered[b], kLanes, s[b]);
         }
+        prefetch.Step();
       }
       for (int64_t i = 0; i < n; ++i) {
         const int64_t r = r0 + i;
@@ -333,6 +399,7 @@ KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int
         st.alpha[static_cast<size_t>(r)] = alpha;
       }
     }
+    prefetch.Rest();
     for (int64_t r0 = 0; r0 < rows; r0 += 4) {
       const int64_t n = std::min<int64_t>(4, rows - r0);
       const float* probs = st.probs.data() + r0 * kKeysPerChunk;

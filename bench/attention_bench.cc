@@ -1,0 +1,237 @@
+// Decode and verify attention over the paged KV pool (kernels/cpu/attention.cc) on a model's head
+// shape: microseconds a call (one layer of one sequence), GFLOP/s, and that rate ÷ the fp32 FMA
+// peak of the same threads, measured in the same process. Attention over a few hundred positions
+// reads little (a 0.5B model's bf16 KV at 512 positions is 0.3 MB a layer, from cache) and is
+// bound by arithmetic, so the FMA peak, not the memory, is its roofline. Calls run layer after
+// layer on a step's thread team, as decode runs them, over a block table in shuffled order.
+#include <immintrin.h>
+#include <omp.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "absl/flags/flag.h"
+#include "absl/flags/parse.h"
+#include "absl/status/status.h"
+#include "absl/strings/numbers.h"
+#include "bench/bench_util.h"
+#include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/host_memory.h"
+#include "kernels/cpu/ops.h"
+#include "kernels/cpu/step_team.h"
+#include "kernels/dtype.h"
+
+ABSL_FLAG(int32_t, heads, 14, "query heads (default: Qwen2.5-0.5B)");
+ABSL_FLAG(int32_t, kv_heads, 2, "key/value heads");
+ABSL_FLAG(int32_t, head_dim, 64, "dimensions a head");
+ABSL_FLAG(int32_t, layers, 24, "layers (each its own keys and values, called in turn)");
+ABSL_FLAG(int32_t, block_size, 16, "positions a KV block");
+ABSL_FLAG(std::vector<std::string>, contexts, std::vector<std::string>({"128", "512", "2048"}),
+          "positions the last new token sees");
+ABSL_FLAG(std::vector<std::string>, tokens, std::vector<std::string>({"1", "4"}),
+          "new tokens a call (1: decode; more: speculative verification)");
+ABSL_FLAG(std::vector<std::string>, kv_dtypes, std::vector<std::string>({"bf16", "f32"}),
+          "what the pool stores");
+ABSL_FLAG(int64_t, evict_bytes, 12 << 20,
+          "bytes read between two layers' calls (outside the timing), as decode's weight "
+          "streaming evicts the keys and values from the caches (0: KV stays cached)");
+ABSL_FLAG(int32_t, repeats, 7, "measurements per case (the median is printed)");
+
+namespace kiln::bench {
+namespace {
+
+// fp32 FLOP/s of `threads` threads running independent FMA chains: the arithmetic roofline.
+__attribute__((target("avx512f"), noinline)) double FmaChains(int64_t iterations) {
+  constexpr int kChains = 12;  // ≥ latency × pipes on the cores measured
+  __m512 acc[kChains];
+  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-7f);
+  KILN_UNROLL
+  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
+  for (int64_t i = 0; i < iterations; ++i) {
+    KILN_UNROLL
+    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
+    __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]));
+  }
+  __m512 total = acc[0];
+  KILN_UNROLL
+  for (int c = 1; c < kChains; ++c) total = _mm512_add_ps(total, acc[c]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, total);
+  return static_cast<double>(lanes[0]);  // used by the caller, so the chains are kept
+}
+
+double FmaPeak(int threads) {
+  constexpr int64_t kIterations = 20'000'000;
+  std::vector<double> rates;
+  for (int r = 0; r < 5; ++r) {
+    const auto start = Clock::now();
+    double sink = 0.0;
+#pragma omp parallel num_threads(threads) reduction(+ : sink)
+    sink += FmaChains(kIterations);
+    const double seconds = Seconds(start);
+    if (sink != sink) return 0.0;  // never: keeps the sums alive
+    rates.push_back(static_cast<double>(threads) * 12.0 * 32.0 * kIterations / seconds);
+  }
+  return Median(rates);
+}
+
+std::vector<int64_t> Numbers(const std::vector<std::string>& texts) {
+  std::vector<int64_t> out;
+  for (const std::string& t : texts) {
+    int64_t v = 0;
+    if (absl::SimpleAtoi(t, &v) && v > 0) out.push_back(v);
+  }
+  return out;
+}
+
+// Reads the next `bytes` of a buffer 16 times larger, round and round, on every thread of the
+// team: what streaming a layer's weights does to the caches between two attention calls.
+class Evictor {
+ public:
+  explicit Evictor(int64_t bytes)
+      : bytes_(bytes / 4096 * 4096),
+        size_(16 * bytes_),
+        data_(static_cast<std::byte*>(cpu::AllocateHost(static_cast<size_t>(size_)))) {
+    if (data_ != nullptr) std::memset(data_.get(), 1, static_cast<size_t>(size_));
+  }
+  void Read(int threads) {
+    if (data_ == nullptr || bytes_ == 0) return;
+    const int64_t begin = next_;
+    next_ = (next_ + bytes_) % size_;
+    std::atomic<uint64_t> sum{0};
+    cpu::RunOnThreads(threads, [&](int t, int n) {
+      const auto* words = reinterpret_cast<const uint64_t*>(data_.get() + begin);
+      const int64_t count = bytes_ / 8;
+      uint64_t local = 0;
+      for (int64_t i = count * t / n; i < count * (t + 1) / n; i += 8) local += words[i];
+      sum.fetch_add(local, std::memory_order_relaxed);
+    });
+    sink_ += sum.load();
+  }
+
+ private:
+  int64_t bytes_;
+  int64_t size_;
+  cpu::HostBytes data_;
+  int64_t next_ = 0;
+  uint64_t sink_ = 0;
+};
+
+struct Case {
+  DType dtype;
+  int64_t context;
+  int64_t tokens;
+};
+
+// Median microseconds of one layer's call.
+double TimeCase(const AttentionShape& shape, const Case& c, int64_t layers, int64_t block_size,
+                int repeats, int threads, Evictor& evictor) {
+  const int64_t blocks = (c.context + block_size - 1) / block_size;
+  KvPoolRef pool;
+  pool.num_blocks = blocks;
+  pool.block_size = block_size;
+  pool.layers = layers;
+  pool.kv_dim = shape.kv_dim();
+  pool.dtype = c.dtype;
+  const int64_t elements = blocks * pool.block_elements();
+  const size_t element_bytes = c.dtype == DType::kBF16 ? 2 : 4;
+  cpu::HostBytes memory(
+      static_cast<std::byte*>(cpu::AllocateHost(static_cast<size_t>(elements) * element_bytes)));
+  if (memory == nullptr) return 0.0;
+  pool.data = memory.get();
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
+  for (int64_t i = 0; i < elements; ++i) {
+    if (c.dtype == DType::kBF16) {
+      static_cast<uint16_t*>(pool.data)[i] = F32ToBF16(uniform(rng));
+    } else {
+      static_cast<float*>(pool.data)[i] = uniform(rng);
+    }
+  }
+  std::vector<int32_t> table(static_cast<size_t>(blocks));
+  std::iota(table.begin(), table.end(), 0);
+  std::shuffle(table.begin(), table.end(), rng);
+  const int64_t q_stride = shape.qkv_dim();
+  std::vector<float> q(static_cast<size_t>(c.tokens * q_stride));
+  for (float& v : q) v = uniform(rng);
+  std::vector<float> out(static_cast<size_t>(c.tokens * shape.q_dim()));
+  const int64_t passes = std::max<int64_t>(1, 4096 / c.context);
+  std::vector<double> per_call;
+  for (int r = 0; r <= repeats; ++r) {  // the first round warms the caches and the team
+    double seconds = 0.0;
+    absl::Status held = cpu::StepTeam::Hold(threads, [&]() -> absl::Status {
+      for (int64_t p = 0; p < passes; ++p) {
+        for (int64_t layer = 0; layer < layers; ++layer) {
+          evictor.Read(threads);
+          const auto start = Clock::now();
+          cpu::CausalAttention(shape, q.data(), q_stride, c.tokens, c.context - c.tokens,
+                               cpu::PagedKv{pool, table.data(), layer}, out.data(), shape.q_dim());
+          seconds += Seconds(start);
+        }
+      }
+      return absl::OkStatus();
+    });
+    if (r > 0) per_call.push_back(seconds * 1e6 / static_cast<double>(passes * layers));
+  }
+  return Median(per_call);
+}
+
+int Run() {
+  AttentionShape shape;
+  shape.n_heads = absl::GetFlag(FLAGS_heads);
+  shape.n_kv_heads = absl::GetFlag(FLAGS_kv_heads);
+  shape.head_dim = absl::GetFlag(FLAGS_head_dim);
+  shape.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+  const int threads = omp_get_max_threads();
+  const bool avx512 = cpu::Avx512Supported();
+  const double peak = avx512 ? FmaPeak(threads) : 0.0;
+  Evictor evictor(absl::GetFlag(FLAGS_evict_bytes));
+  std::printf(
+      "attention: %lld heads, %lld KV heads, head_dim %lld, %d layers, blocks of %d, "
+      "%d threads\n",
+      static_cast<long long>(shape.n_heads), static_cast<long long>(shape.n_kv_heads),
+      static_cast<long long>(shape.head_dim), absl::GetFlag(FLAGS_layers),
+      absl::GetFlag(FLAGS_block_size), threads);
+  if (avx512)
+    std::printf("fp32 FMA peak  %.1f GFLOP/s (%d threads, measured)\n", peak / 1e9, threads);
+  std::printf("%-6s %8s %7s %12s %10s %8s\n", "KV", "context", "tokens", "us a call", "GFLOP/s",
+              "÷ peak");
+  for (const std::string& name : absl::GetFlag(FLAGS_kv_dtypes)) {
+    const DType dtype = name == "f32" ? DType::kF32 : DType::kBF16;
+    for (int64_t context : Numbers(absl::GetFlag(FLAGS_contexts))) {
+      for (int64_t tokens : Numbers(absl::GetFlag(FLAGS_tokens))) {
+        if (tokens > context) continue;
+        const double us = TimeCase(shape, Case{dtype, context, tokens}, absl::GetFlag(FLAGS_layers),
+                                   absl::GetFlag(FLAGS_block_size), absl::GetFlag(FLAGS_repeats),
+                                   threads, evictor);
+        // q·k and p·v: 2 FLOPs a multiply-add each, over the keys each token sees.
+        double macs = 0.0;
+        for (int64_t t = 0; t < tokens; ++t) {
+          macs += 2.0 * static_cast<double>(shape.n_heads * shape.head_dim) *
+                  static_cast<double>(context - tokens + t + 1);
+        }
+        const double gflops = 2.0 * macs / (us * 1e3);
+        std::printf("%-6s %8lld %7lld %12.2f %10.1f %8.2f\n", name.c_str(),
+                    static_cast<long long>(context), static_cast<long long>(tokens), us, gflops,
+                    avx512 ? gflops * 1e9 / peak : 0.0);
+      }
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+}  // namespace kiln::bench
+
+int main(int argc, char** argv) {
+  absl::ParseCommandLine(argc, argv);
+  return kiln::bench::Run();
+}
