@@ -83,14 +83,16 @@ using StreamRoundFn = absl::FunctionRef<void(int streams)>;
 
 // The stream count for `shape`, remembered per process: pinned by KILN_DECODE_STREAMS, taken
 // from `like` (a shape too large to time takes that of a timed one), or measured with `round`
-// (alternating counts; medians; four streams stay unless another count is clearly faster).
+// (alternating counts; medians; two streams stay unless another count is clearly faster).
 // Logged once. Thread-safe.
 StreamChoice ChooseStreams(const LinearShape& shape, StreamRoundFn round,
                            const LinearShape* like_shape = nullptr,
                            const StreamChoice* like = nullptr);
 
-// The counts ChooseStreams measures, the default first.
-inline constexpr int kStreamCounts[] = {4, 2, 1};
+// The counts ChooseStreams measures, the default first: two, which on the Zen 4 VMs read as much
+// as four or more in every format at every bandwidth measured (up to 0.3 of the probe more at a
+// high one), where a load timed while the bandwidth was low saw a tie.
+inline constexpr int kStreamCounts[] = {2, 4, 1};
 // The count that median seconds a round (in kStreamCounts' order) choose: the default unless
 // another is more than 3 % faster, then the fastest such.
 int PickStreams(absl::Span<const double> median_seconds);

@@ -39,11 +39,12 @@ struct alignas(64) PanelRun {
   }
 };
 
-// Panels a decode kernel reads side by side for a pass of `rows` rows, as that many sequential
-// streams: on the 2-core Zen 4/5 VMs two threads read about 50 GB/s with one stream each and
+// The most panels a decode kernel reads side by side for a pass of `rows` rows, as that many
+// sequential streams: on a 2-core Zen 5 VM two threads read about 50 GB/s with one stream each and
 // 70-80 GB/s with four. Bounded by the accumulators: four streams of one row or two of two fill
-// half the 32 vector registers. A kernel that computes more between loads may do better with
-// fewer: each linear caps it at what was measured for its shape (linear_dispatch.h).
+// half the 32 vector registers. On a Zen 4, with the kernels' prefetch into L2, two read as much
+// as four or more: each linear caps the count at what was measured for its shape
+// (linear_dispatch.h).
 constexpr int StreamsForRows(int64_t rows) { return rows == 1 ? 4 : rows == 2 ? 2 : 1; }
 
 // Calls group(first, n) for groups of 1 ≤ n ≤ `streams` panels (first[0..n)) read side by side,

@@ -331,7 +331,7 @@ class QuantizedLinear final : public PackedLinear {
   HostBytes bias_;
   size_t packed_bytes_ = 0;
   bool adopted_ = false;
-  int max_streams_ = 4;  // ChooseQuantizedStreams
+  int max_streams_ = 2;  // ChooseQuantizedStreams (kStreamCounts[0] until then)
 };
 
 // The quantization and shape of an image in one of the two layouts; InvalidArgument otherwise.

@@ -31,7 +31,7 @@ struct PanelWeights {
   // bits, so a row's result does not depend on which kernel its batch size picked.
   int64_t k_block = 0;
   // The most panels a bf16 thread reads side by side (linear_dispatch.h's ChooseStreams).
-  int max_streams = 4;
+  int max_streams = 2;  // kStreamCounts[0] until chosen
 };
 
 // Whether this CPU runs the small-M kernel for `dtype` (bf16 needs AVX-512 BF16, f32 AVX-512F).

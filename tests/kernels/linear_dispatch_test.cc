@@ -34,33 +34,36 @@ class StreamChoiceTest : public testing::Test {
 
 TEST_F(StreamChoiceTest, TheClearlyFastestCountIsChosenOnceAndRemembered) {
   std::map<int, int> rounds;
-  const std::map<int, int> cost = {{4, 2500}, {2, 100}, {1, 1500}};
+  const std::map<int, int> cost = {{4, 100}, {2, 2500}, {1, 1500}};
   auto round = [&](int streams) {
     ++rounds[streams];
     Spin(cost.at(streams));
   };
   const StreamChoice choice = ChooseStreams(Shape(101), round);
-  EXPECT_EQ(choice.streams, 2) << choice.summary;
-  EXPECT_NE(choice.summary.find("2 panels side by side"), std::string::npos) << choice.summary;
+  EXPECT_EQ(choice.streams, 4) << choice.summary;
+  EXPECT_NE(choice.summary.find("4 panels side by side"), std::string::npos) << choice.summary;
   EXPECT_EQ(rounds.size(), 3u);
   for (const auto& [streams, count] : rounds) EXPECT_GE(count, 2) << streams << " streams";
 
   const std::map<int, int> before = rounds;
-  EXPECT_EQ(ChooseStreams(Shape(101), round).streams, 2);
+  EXPECT_EQ(ChooseStreams(Shape(101), round).streams, 4);
   EXPECT_EQ(rounds, before) << "a remembered choice is not measured again";
   StreamChoice known;
   ASSERT_TRUE(KnownStreams(Shape(101), &known));
-  EXPECT_EQ(known.streams, 2);
+  EXPECT_EQ(known.streams, 4);
   EXPECT_FALSE(KnownStreams(Shape(102), &known));
 }
 
-// The rule on medians, without a clock: a tie or a gain within 3 % keeps four streams.
-TEST(PickStreamsTest, FourStayUnlessAnotherCountIsClearlyFaster) {
-  EXPECT_EQ(PickStreams(std::vector<double>{1.0, 1.0, 1.0}), 4);
-  EXPECT_EQ(PickStreams(std::vector<double>{1.0, 0.98, 0.99}), 4);
-  EXPECT_EQ(PickStreams(std::vector<double>{1.0, 0.9, 0.95}), 2);
+// The rule on medians (in kStreamCounts' order: 2, 4, 1), without a clock: a tie or a gain
+// within 3 % keeps two streams.
+TEST(PickStreamsTest, TwoStayUnlessAnotherCountIsClearlyFaster) {
+  ASSERT_EQ(kStreamCounts[0], 2);
+  ASSERT_EQ(kStreamCounts[1], 4);
+  EXPECT_EQ(PickStreams(std::vector<double>{1.0, 1.0, 1.0}), 2);
+  EXPECT_EQ(PickStreams(std::vector<double>{1.0, 0.98, 0.99}), 2);
+  EXPECT_EQ(PickStreams(std::vector<double>{1.0, 0.9, 0.95}), 4);
   EXPECT_EQ(PickStreams(std::vector<double>{1.0, 0.9, 0.8}), 1);
-  EXPECT_EQ(PickStreams(std::vector<double>{1.0, 0.9, 0.89}), 2) << "1 is not 3 % faster than 2";
+  EXPECT_EQ(PickStreams(std::vector<double>{1.0, 0.9, 0.89}), 4) << "1 is not 3 % faster than 4";
   EXPECT_EQ(PickStreams(std::vector<double>{1.0, 1.1, 0.9}), 1);
 }
 
@@ -100,11 +103,11 @@ TEST_F(StreamChoiceTest, SmallShapesOfALargeModelTakeTheLargestTimedShapesChoice
   const std::vector<StreamShape> shapes = {
       shape(501, 2 * mb, 48 * mb, 2),        // small: 24 weights of 2 MB
       shape(502, 17 * mb, 24 * 17 * mb, 1),  // the most bytes: timed
-      shape(503, 9 * mb, 24 * 9 * mb, 2),    // also a round's worth: timed
+      shape(503, 9 * mb, 24 * 9 * mb, 4),    // also a round's worth: timed
       shape(504, 272 * mb, 272 * mb, 2),     // one weight too large to time
   };
   const std::vector<int> streams = ChooseStreamsForShapes(shapes);
-  EXPECT_EQ(streams, (std::vector<int>{1, 1, 2, 1}));
+  EXPECT_EQ(streams, (std::vector<int>{1, 1, 4, 1}));
   EXPECT_EQ(rounds.count(501), 0u);
   EXPECT_EQ(rounds.count(504), 0u);
   EXPECT_GT(rounds[502], 0);
@@ -117,7 +120,7 @@ TEST_F(StreamChoiceTest, ShapesOfASmallModelAreEachTimed) {
     return StreamShape{Shape(n), size_t{1} << 20, size_t{4} << 20,
                        [fastest](int streams) { Spin(streams == fastest ? 100 : 2000); }};
   };
-  EXPECT_EQ(ChooseStreamsForShapes({shape(601, 2), shape(602, 1)}), (std::vector<int>{2, 1}));
+  EXPECT_EQ(ChooseStreamsForShapes({shape(601, 4), shape(602, 1)}), (std::vector<int>{4, 1}));
 }
 
 }  // namespace
