@@ -148,9 +148,10 @@ KILN_AVX512_BF16_TARGET void PanelGroupBf16(const PanelWeights& w, const uint32_
 // over them, prefetch the next chunk into L2, so the weights stream at an even rate while the FMAs
 // run (linear_bench --layer_order, the 0.5B shapes on a Zen 5 EPYC: 15 % faster than whole-panel
 // passes at 8 rows, and at 16 rows about 20 % faster than brgemm in the dispatcher's rounds; on a
-// Zen 4, whose AVX-512 units are 256 bits wide, brgemm stays ahead at 9-16 rows and the
-// dispatcher gives it those). The prefetch is worth 25-40 % at 5-8 rows on the Zen 4 (it had been
-// compiled out, see prefetch.h); into L1 instead it gained about half of that.
+// Zen 4, whose AVX-512 units are 256 bits wide, brgemm stayed ahead at 9-16 rows until the
+// prefetch below really ran; with it this kernel wins there too, gate_up 2239 against 2643 µs at
+// 16 rows in the dispatcher's rounds). On the Zen 4 at 8 rows gate_up read 0.44 of the probe
+// without the prefetch (compiled out, see prefetch.h), 0.52-0.63 with it into L1 and 0.76 into L2.
 // Accumulators go to a scratch between passes (exact), so each row sums in the order above.
 
 // k pairs per chunk: 32 × 256 bytes (16 to 64 measured the same at 16 rows; 128 with the next
