@@ -1,5 +1,6 @@
 #include "kernels/cpu/host_memory.h"
 
+#include <sanitizer/asan_interface.h>
 #include <sys/mman.h>
 
 #include <algorithm>
@@ -98,23 +99,30 @@ void FreeHost(void* data) {
 namespace {
 
 // A mapping of 2 MiB pages that small weights are cut from, front to back; unmapped when the last
-// piece (and the allocator's weak reference) lets go of it.
+// piece (and the allocator's weak reference) lets go of it. Under AddressSanitizer all but the
+// pieces' own bytes stay poisoned, so a kernel reading past its weight is still caught.
 class WeightChunk {
  public:
   static std::shared_ptr<WeightChunk> Map(size_t size) {
     void* base = MapHugePageAligned(size);
     if (base == nullptr) return nullptr;
+    ASAN_POISON_MEMORY_REGION(base, size);
     return std::shared_ptr<WeightChunk>(new WeightChunk(static_cast<std::byte*>(base), size));
   }
-  ~WeightChunk() { ::munmap(base_, size_); }
+  ~WeightChunk() {
+    ASAN_UNPOISON_MEMORY_REGION(base_, size_);  // the addresses may be mapped again
+    ::munmap(base_, size_);
+  }
   WeightChunk(const WeightChunk&) = delete;
   WeightChunk& operator=(const WeightChunk&) = delete;
 
-  // `bytes` (a multiple of kAlignment) from the free end, or null when they do not fit.
-  std::byte* Take(size_t bytes) {
-    if (size_ - used_ < bytes) return nullptr;
+  // `bytes` from the free end, which moves on by `size` (bytes rounded up to kAlignment), or null
+  // when they do not fit.
+  std::byte* Take(size_t bytes, size_t size) {
+    if (size_ - used_ < size) return nullptr;
     std::byte* p = base_ + used_;
-    used_ += bytes;
+    used_ += size;
+    ASAN_UNPOISON_MEMORY_REGION(p, bytes);
     return p;
   }
 
@@ -158,12 +166,12 @@ WeightBytes AllocateWeights(size_t bytes) {
   const size_t size = (bytes + kAlignment - 1) / kAlignment * kAlignment;
   absl::MutexLock lock(&weight_chunk_mutex);
   std::shared_ptr<WeightChunk> chunk = CurrentWeightChunk().lock();
-  std::byte* piece = chunk != nullptr ? chunk->Take(size) : nullptr;
+  std::byte* piece = chunk != nullptr ? chunk->Take(bytes, size) : nullptr;
   if (piece == nullptr) {
     chunk = WeightChunk::Map(kWeightChunkBytes);
     if (chunk == nullptr) throw std::bad_alloc();
     CurrentWeightChunk() = chunk;
-    piece = chunk->Take(size);
+    piece = chunk->Take(bytes, size);
   }
   return WeightBytes::Piece(piece, std::move(chunk));
 }

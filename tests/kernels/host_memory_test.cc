@@ -183,5 +183,31 @@ TEST(HostMemoryTest, WeightsComeInHugePagesWhateverTheirSize) {
   EXPECT_NE(MappingOf(large.data()).flags.find(" hg"), std::string::npos);
 }
 
+#if defined(__SANITIZE_ADDRESS__)
+constexpr bool kAddressSanitizer = true;
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer)
+constexpr bool kAddressSanitizer = true;
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+#else
+constexpr bool kAddressSanitizer = false;
+#endif
+
+// A piece of a shared chunk is as guarded as a malloc'd block: under AddressSanitizer a read one
+// byte past its end (into the chunk's free rest or the next piece's padding) is reported.
+TEST(HostMemoryDeathTest, ReadingPastAWeightPieceIsCaught) {
+  if (!kAddressSanitizer) GTEST_SKIP() << "needs AddressSanitizer (the asan preset)";
+  WeightBytes piece = AllocateWeights(1000);
+  std::memset(piece.mutable_data(), 7, 1000);
+  EXPECT_DEATH(
+      {
+        volatile const std::byte* p = piece.data();
+        std::printf("%d\n", static_cast<int>(p[1000]));
+      },
+      "AddressSanitizer");
+}
+
 }  // namespace
 }  // namespace kiln::cpu
