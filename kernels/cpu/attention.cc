@@ -230,10 +230,18 @@ class ChunkPrefetch {
     total_ = 0;
     const int64_t block_size = kv.pool.block_size;
     const int64_t last = std::min(first + kKeysPerChunk, end);
-    for (int64_t p = first; p < last;) {  // keys: a head's rows of a block lie back to back
+    for (int64_t p = first; p < last;) {
       const int64_t offset = p % block_size;
-      Add(kv.key<T>(p - offset, kv_offset), head_dim * block_size * sizeof(T));
-      p += std::min(block_size - offset, last - p);
+      const int64_t n = std::min(block_size - offset, last - p);
+      const T* rows = kv.key<T>(p - offset, kv_offset);  // the head's first dimension's row
+      if (block_size <= kKeysPerChunk) {
+        // A head's rows of a block lie back to back: the block at once.
+        Add(rows, head_dim * block_size * sizeof(T));
+      } else {
+        // Larger blocks: only the chunk's positions of each dimension's row.
+        for (int64_t d = 0; d < head_dim; ++d) Add(rows + d * block_size + offset, n * sizeof(T));
+      }
+      p += n;
     }
     for (int64_t p = first; p < last; ++p) Add(kv.value<T>(p, kv_offset), head_dim * sizeof(T));
     per_step_ = (total_ + steps - 1) / std::max<int64_t>(steps, 1);
@@ -266,7 +274,9 @@ class ChunkPrefetch {
     }
   }
 
-  Span span_[2 * kKeysPerChunk];  // ≤ one a block of keys and one a position of values
+  // Keys: one a block (blocks of up to kKeysPerChunk positions), or one a dimension of each of
+  // the (at most two) larger blocks a chunk meets; values: one a position.
+  Span span_[std::max(kKeysPerChunk, 2 * kMaxHeadDim) + kKeysPerChunk];
   int spans_ = 0;
   int next_span_ = 0;
   int64_t next_line_ = 0;

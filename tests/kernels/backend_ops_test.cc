@@ -452,9 +452,10 @@ double Rotated(const float* head, int64_t j, int64_t head_dim, int32_t position,
 }
 
 // Block sizes of the KV pool the attention tests page through: one position per block, a
-// typical 16, 5 (blocks that do not divide the sequences' lengths) and 32 (a 64-key chunk of
-// attention spanning two blocks).
-constexpr int64_t kBlockSizes[] = {1, 16, 5, 32};
+// typical 16, 5 (blocks that do not divide the sequences' lengths), 32 (a 64-key chunk of
+// attention spanning two blocks) and 80 (a block larger than a chunk, which the CPU kernel
+// prefetches dimension by dimension).
+constexpr int64_t kBlockSizes[] = {1, 16, 5, 32, 80};
 // What the pool stores: fp32, and bf16 (half the memory; the ops convert on the way in and out).
 constexpr DType kKvDTypes[] = {DType::kF32, DType::kBF16};
 
