@@ -217,6 +217,18 @@ KILN_AVX512_TARGET void Scores(int64_t n, const float* q, int64_t head_dim, cons
   }
 }
 
+// fn(p, offset, n) for each run [p, p + n) of positions [first, last) that lies in one block (at
+// `offset` in it): one division per block, not per position.
+template <typename Fn>
+inline void ForEachBlockRun(int64_t first, int64_t last, int64_t block_size, Fn&& fn) {
+  for (int64_t p = first; p < last;) {
+    const int64_t offset = p % block_size;
+    const int64_t n = std::min(block_size - offset, last - p);
+    fn(p, offset, n);
+    p += n;
+  }
+}
+
 // The cache lines of one KV head's keys and values at positions [first, first + kKeysPerChunk),
 // asked for into L2 a few at a time while the chunk before them is scored, keys first.
 class ChunkPrefetch {
@@ -230,9 +242,7 @@ class ChunkPrefetch {
     total_ = 0;
     const int64_t block_size = kv.pool.block_size;
     const int64_t last = std::min(first + kKeysPerChunk, end);
-    for (int64_t p = first; p < last;) {
-      const int64_t offset = p % block_size;
-      const int64_t n = std::min(block_size - offset, last - p);
+    ForEachBlockRun(first, last, block_size, [&](int64_t p, int64_t offset, int64_t n) {
       const T* rows = kv.key<T>(p - offset, kv_offset);  // the head's first dimension's row
       if (block_size <= kKeysPerChunk) {
         // A head's rows of a block lie back to back: the block at once.
@@ -241,9 +251,12 @@ class ChunkPrefetch {
         // Larger blocks: only the chunk's positions of each dimension's row.
         for (int64_t d = 0; d < head_dim; ++d) Add(rows + d * block_size + offset, n * sizeof(T));
       }
-      p += n;
-    }
-    for (int64_t p = first; p < last; ++p) Add(kv.value<T>(p, kv_offset), head_dim * sizeof(T));
+    });
+    const int64_t kv_dim = kv.pool.kv_dim;
+    ForEachBlockRun(first, last, block_size, [&](int64_t p, int64_t, int64_t n) {
+      const T* row = kv.value<T>(p, kv_offset);
+      for (int64_t i = 0; i < n; ++i) Add(row + i * kv_dim, head_dim * sizeof(T));
+    });
     per_step_ = (total_ + steps - 1) / std::max<int64_t>(steps, 1);
   }
   // The next lines of a step's share.
@@ -333,14 +346,10 @@ KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int
     const int64_t count = std::min(kKeysPerChunk, keys - k0);
     prefetch.Reset<T>(kv, kv_offset, head_dim, k0 + kKeysPerChunk, keys, score_steps);
     const int64_t sub_blocks = (count + kLanes - 1) / kLanes;
-    // Value rows block by block: one division per block, not per key.
-    for (int64_t p = k0; p < k0 + count;) {
-      const int64_t offset = p % block_size;
-      const int64_t n = std::min(block_size - offset, k0 + count - p);
+    ForEachBlockRun(k0, k0 + count, block_size, [&](int64_t p, int64_t, int64_t n) {
       const T* row = kv.value<T>(p, kv_offset);
       for (int64_t i = 0; i < n; ++i) value_rows[p - k0 + i] = row + i * kv_dim;
-      p += n;
-    }
+    });
     // Sub-block b (keys 16b .. 16b+15 of the chunk) as 16-key vectors, dimension d at
     // key_t[b] + d·block_size: read where they lie when a block holds whole sub-blocks (the pool
     // stores keys transposed), else gathered as fp32 into keys_t first (gathered[b] + d·16).

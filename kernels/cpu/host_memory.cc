@@ -22,6 +22,9 @@ namespace {
 
 constexpr size_t kAlignment = 256;  // kTensorAlignment; also a multiple of every vector width
 constexpr size_t kHugePage = size_t{2} << 20;
+// Blocks (and weights) of this size or more are mappings of their own; smaller ones are not worth
+// a mapping rounded up to whole huge pages.
+constexpr size_t kOwnMappingBytes = 2 * kHugePage;
 
 class HostMemoryResource final : public MemoryResource {
  public:
@@ -66,7 +69,7 @@ void* MapHugePageAligned(size_t size) {
 }  // namespace
 
 void* AllocateHost(size_t bytes) {
-  if (bytes >= 2 * kHugePage) {
+  if (bytes >= kOwnMappingBytes) {
     const size_t size = (bytes + kHugePage - 1) / kHugePage * kHugePage;
     void* p = MapHugePageAligned(size);
     if (p == nullptr) return nullptr;
@@ -158,7 +161,7 @@ void CopyInParallel(const std::byte* data, size_t bytes, std::byte* to, int thre
 
 WeightBytes AllocateWeights(size_t bytes) {
   bytes = std::max<size_t>(bytes, 1);
-  if (bytes >= 2 * kHugePage) {
+  if (bytes >= kOwnMappingBytes) {
     HostBytes own(static_cast<std::byte*>(AllocateHost(bytes)));
     if (own == nullptr) throw std::bad_alloc();
     return WeightBytes(std::move(own));

@@ -18,12 +18,11 @@
 namespace kiln::cpu::quantized {
 namespace {
 
-// How far ahead of the loads a panel is prefetched (2048 measured the same), into L2: prefetcht0
-// (into L1 too) read 10-30 % slower on a Zen 4 (int4 down 0.72 → 0.87 of the probe, qkv 0.54 →
-// 0.79, linear_bench --layer_order, the two alternating in one process).
+// How far ahead of the loads a panel is prefetched, into L2. On a Zen 4, alternating in one
+// process (linear_bench --layer_order): prefetcht0 (into L1 too) read 10-30 % slower (int4 down
+// 0.72 → 0.87 of the probe, qkv 0.54 → 0.79); 512-640 bytes ahead read the same, 2-4 KiB 10-25 %
+// less where the bandwidth was high.
 constexpr int64_t kPrefetchBytes = 1024;
-
-inline void Prefetch(const void* p) { PrefetchToL2(p); }
 
 // Quantizes `count` values (a multiple of 16, zero-padded past `valid`) symmetrically to int8:
 // returns the scale; `sum` gets Σq. A NaN or Inf makes the scale NaN, so the outputs are NaN.
@@ -131,7 +130,7 @@ KILN_VNNI_TARGET void Int8Panels(const PackedView& w, const QuantizedActivations
     for (int s = 0; s < S; ++s) {
       const uint8_t* q = panel[s] + j * kQuadBytesInt8;
       KILN_UNROLL
-      for (int line = 0; line < 4; ++line) Prefetch(q + kPrefetchBytes + 64 * line);
+      for (int line = 0; line < 4; ++line) PrefetchToL2(q + kPrefetchBytes + 64 * line);
       KILN_UNROLL
       for (int b = 0; b < 4; ++b) {
         const __m512i weights = _mm512_load_si512(q + 64 * b);
@@ -190,7 +189,7 @@ KILN_VNNI_TARGET void Int4Panels(const PackedView& w, const QuantizedActivations
     for (int s = 0; s < S; ++s) {
       const uint8_t* block = panel[s] + g * kInt4GroupBytes;
       KILN_UNROLL
-      for (int line = 0; line < 9; ++line) Prefetch(block + kPrefetchBytes + 64 * line);
+      for (int line = 0; line < 9; ++line) PrefetchToL2(block + kPrefetchBytes + 64 * line);
       KILN_UNROLL
       for (int r = 0; r < R; ++r) {
         acc[s][r][0] = acc[s][r][1] = _mm512_setzero_si512();
