@@ -25,23 +25,41 @@ void ForPanelStreams(int64_t panels, int streams, int threads,
     }
   }
   PanelRun* const shared = runs.data();
-  // One panel from each sub-run of thread `owner` that has one left, from the front or the back.
-  auto take = [&](int owner, bool from_front) {
-    int64_t first[4];
+  // Thread `owner`'s next panels from the front of each of its sub-runs, read side by side, one
+  // of each a call.
+  auto take_own = [&](int owner) {
+    uint32_t first[4], claimed[4], most = 0;
+    for (int s = 0; s < streams; ++s) {
+      claimed[s] = shared[owner * streams + s].ClaimFront(&first[s]);
+      most = std::max(most, claimed[s]);
+    }
+    for (uint32_t i = 0; i < most; ++i) {
+      int64_t panel[4];
+      int n = 0;
+      for (int s = 0; s < streams; ++s) {
+        if (i < claimed[s]) panel[n++] = first[s] + i;
+      }
+      group(panel, n);
+    }
+    return most > 0;
+  };
+  // One panel from the back of each sub-run of thread `owner` that has one left.
+  auto take_back = [&](int owner) {
+    int64_t panel[4];
     int n = 0;
     for (int s = 0; s < streams; ++s) {
       uint32_t p = 0;
-      if (shared[owner * streams + s].Claim(from_front, &p)) first[n++] = p;
+      if (shared[owner * streams + s].ClaimBack(&p)) panel[n++] = p;
     }
-    if (n > 0) group(first, n);
+    if (n > 0) group(panel, n);
     return n > 0;
   };
   RunOnThreads(threads, [&](int t, int /*count*/) {
-    while (take(t, /*from_front=*/true)) {
+    while (take_own(t)) {
     }
     // Then the others' runs, from the back (also the runs of threads that did not start).
     for (int step = 1; step < threads; ++step) {
-      while (take((t + step) % threads, /*from_front=*/false)) {
+      while (take_back((t + step) % threads)) {
       }
     }
   });

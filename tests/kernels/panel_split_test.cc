@@ -54,6 +54,32 @@ TEST(PanelSplitTest, OneThreadReadsItsRunAsSequentialStreams) {
   EXPECT_EQ(groups, expected);
 }
 
+// The owner claims an eighth of what is left (at least one panel) with one atomic operation, so
+// that a long run costs few locked instructions; another thread takes single panels from the back.
+TEST(PanelSplitTest, AnOwnerClaimsAnEighthOfWhatIsLeft) {
+  PanelRun run;
+  run.Reset(100, 180);
+  std::vector<std::pair<uint32_t, uint32_t>> claims;  // (first, count)
+  uint32_t back = 0;
+  ASSERT_TRUE(run.ClaimBack(&back));
+  EXPECT_EQ(back, 179u);
+  uint32_t first = 0;
+  for (uint32_t count; (count = run.ClaimFront(&first)) > 0;) claims.emplace_back(first, count);
+  ASSERT_FALSE(claims.empty());
+  EXPECT_EQ(claims[0], std::make_pair(100u, 9u));  // 79 left: 79 / 8
+  EXPECT_EQ(claims[1], std::make_pair(109u, 8u));  // 70 left
+  uint32_t next = 100;
+  for (const auto& [at, count] : claims) {
+    EXPECT_EQ(at, next) << "claims are contiguous, in order";
+    EXPECT_GE(count, 1u);
+    next = at + count;
+  }
+  EXPECT_EQ(next, 179u);
+  EXPECT_EQ(claims.back().second, 1u) << "the last panels go one at a time";
+  EXPECT_LT(claims.size(), 79u / 2) << "far fewer claims than panels";
+  EXPECT_FALSE(run.ClaimBack(&back));
+}
+
 TEST(PanelSplitTest, AHeldUpThreadsPanelsAreTakenByTheOthers) {
   constexpr int64_t kPanels = 64;
   std::vector<int> ran_by(kPanels, -1);
