@@ -30,7 +30,7 @@ void ForPanelStreams(int64_t panels, int streams, int threads,
   auto take_own = [&](int owner) {
     uint32_t first[4], claimed[4], most = 0;
     for (int s = 0; s < streams; ++s) {
-      claimed[s] = shared[owner * streams + s].ClaimFront(&first[s]);
+      claimed[s] = shared[owner * streams + s].Claim(/*from_front=*/true, &first[s]);
       most = std::max(most, claimed[s]);
     }
     for (uint32_t i = 0; i < most; ++i) {
@@ -49,7 +49,7 @@ void ForPanelStreams(int64_t panels, int streams, int threads,
     int n = 0;
     for (int s = 0; s < streams; ++s) {
       uint32_t p = 0;
-      if (shared[owner * streams + s].ClaimBack(&p)) panel[n++] = p;
+      if (shared[owner * streams + s].Claim(/*from_front=*/false, &p) > 0) panel[n++] = p;
     }
     if (n > 0) group(panel, n);
     return n > 0;

@@ -24,36 +24,24 @@ struct alignas(64) PanelRun {
   void Reset(uint32_t front, uint32_t back) {
     bounds.store(Pack(front, back), std::memory_order_relaxed);
   }
-  // The owner's next panels from the front: [*first, *first + count), count = an eighth of what is
-  // left (at least one); 0 when empty. Each claim is a locked instruction, which on x86 waits for
-  // every load in flight: claimed one panel at a time (16 KiB of int4 at K = 896), the LM head and
-  // gate_up projections read 6-7 % and 1-4 % slower at a 54-58 GB/s probe (Zen 4, alternating
-  // call by call in one decode). An eighth keeps the rest, seven eighths, for a thread that
-  // finishes first to take.
-  uint32_t ClaimFront(uint32_t* first) {
+  // Claims panels [*first, *first + count) and returns count (0 when the run is empty): from the
+  // front (the owner) an eighth of what is left, at least one; from the back (another thread)
+  // the last one. Each claim is a locked instruction, which on x86 waits for every load in
+  // flight: claimed one panel at a time (16 KiB of int4 at K = 896), the LM head and gate_up
+  // projections read 6-7 % and 1-4 % slower at a 54-58 GB/s probe (Zen 4, alternating call by
+  // call in one decode). An eighth keeps the rest, seven eighths, for a thread that finishes
+  // first to take.
+  uint32_t Claim(bool from_front, uint32_t* first) {
     uint64_t seen = bounds.load(std::memory_order_relaxed);
     while (true) {
       const auto front = static_cast<uint32_t>(seen);
       const auto back = static_cast<uint32_t>(seen >> 32);
       if (front >= back) return 0;
-      const uint32_t count = std::max<uint32_t>(1, (back - front) / kFrontShare);
-      if (bounds.compare_exchange_weak(seen, Pack(front + count, back),
-                                       std::memory_order_relaxed)) {
-        *first = front;
+      const uint32_t count = from_front ? std::max<uint32_t>(1, (back - front) / kFrontShare) : 1;
+      const uint64_t next = from_front ? Pack(front + count, back) : Pack(front, back - count);
+      if (bounds.compare_exchange_weak(seen, next, std::memory_order_relaxed)) {
+        *first = from_front ? front : back - count;
         return count;
-      }
-    }
-  }
-  // The last panel, for a thread other than the owner; false when empty.
-  bool ClaimBack(uint32_t* panel) {
-    uint64_t seen = bounds.load(std::memory_order_relaxed);
-    while (true) {
-      const auto front = static_cast<uint32_t>(seen);
-      const auto back = static_cast<uint32_t>(seen >> 32);
-      if (front >= back) return false;
-      if (bounds.compare_exchange_weak(seen, Pack(front, back - 1), std::memory_order_relaxed)) {
-        *panel = back - 1;
-        return true;
       }
     }
   }

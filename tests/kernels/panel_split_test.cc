@@ -61,10 +61,11 @@ TEST(PanelSplitTest, AnOwnerClaimsAnEighthOfWhatIsLeft) {
   run.Reset(100, 180);
   std::vector<std::pair<uint32_t, uint32_t>> claims;  // (first, count)
   uint32_t back = 0;
-  ASSERT_TRUE(run.ClaimBack(&back));
+  ASSERT_EQ(run.Claim(/*from_front=*/false, &back), 1u);
   EXPECT_EQ(back, 179u);
   uint32_t first = 0;
-  for (uint32_t count; (count = run.ClaimFront(&first)) > 0;) claims.emplace_back(first, count);
+  for (uint32_t count; (count = run.Claim(/*from_front=*/true, &first)) > 0;)
+    claims.emplace_back(first, count);
   ASSERT_FALSE(claims.empty());
   EXPECT_EQ(claims[0], std::make_pair(100u, 9u));  // 79 left: 79 / 8
   EXPECT_EQ(claims[1], std::make_pair(109u, 8u));  // 70 left
@@ -77,7 +78,7 @@ TEST(PanelSplitTest, AnOwnerClaimsAnEighthOfWhatIsLeft) {
   EXPECT_EQ(next, 179u);
   EXPECT_EQ(claims.back().second, 1u) << "the last panels go one at a time";
   EXPECT_LT(claims.size(), 79u / 2) << "far fewer claims than panels";
-  EXPECT_FALSE(run.ClaimBack(&back));
+  EXPECT_EQ(run.Claim(/*from_front=*/false, &back), 0u);
 }
 
 TEST(PanelSplitTest, AHeldUpThreadsPanelsAreTakenByTheOthers) {
