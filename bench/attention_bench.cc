@@ -23,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/numbers.h"
 #include "bench/bench_util.h"
+#include "bench/compute_peak.h"
 #include "kernels/cpu/cpu_features.h"
 #include "kernels/cpu/host_memory.h"
 #include "kernels/cpu/ops.h"
@@ -47,41 +48,6 @@ ABSL_FLAG(int32_t, repeats, 7, "measurements per case (the median is printed)");
 
 namespace kiln::bench {
 namespace {
-
-// fp32 FLOP/s of `threads` threads running independent FMA chains: the arithmetic roofline.
-__attribute__((target("avx512f"), noinline)) double FmaChains(int64_t iterations) {
-  constexpr int kChains = 12;  // ≥ latency × pipes on the cores measured
-  __m512 acc[kChains];
-  const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-7f);
-  KILN_UNROLL
-  for (int c = 0; c < kChains; ++c) acc[c] = _mm512_set1_ps(static_cast<float>(c));
-  for (int64_t i = 0; i < iterations; ++i) {
-    KILN_UNROLL
-    for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
-    __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]));
-  }
-  __m512 total = acc[0];
-  KILN_UNROLL
-  for (int c = 1; c < kChains; ++c) total = _mm512_add_ps(total, acc[c]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, total);
-  return static_cast<double>(lanes[0]);  // used by the caller, so the chains are kept
-}
-
-double FmaPeak(int threads) {
-  constexpr int64_t kIterations = 20'000'000;
-  std::vector<double> rates;
-  for (int r = 0; r < 5; ++r) {
-    const auto start = Clock::now();
-    double sink = 0.0;
-#pragma omp parallel num_threads(threads) reduction(+ : sink)
-    sink += FmaChains(kIterations);
-    const double seconds = Seconds(start);
-    if (sink != sink) return 0.0;  // never: keeps the sums alive
-    rates.push_back(static_cast<double>(threads) * 12.0 * 32.0 * kIterations / seconds);
-  }
-  return Median(rates);
-}
 
 std::vector<int64_t> Numbers(const std::vector<std::string>& texts) {
   std::vector<int64_t> out;
@@ -192,7 +158,7 @@ int Run() {
   shape.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
   const int threads = omp_get_max_threads();
   const bool avx512 = cpu::Avx512Supported();
-  const double peak = avx512 ? FmaPeak(threads) : 0.0;
+  const double peak = Fp32FmaPeak(threads);
   Evictor evictor(absl::GetFlag(FLAGS_evict_bytes));
   std::printf(
       "attention: %lld heads, %lld KV heads, head_dim %lld, %d layers, blocks of %d, "

@@ -3,10 +3,14 @@
 //               (kiln's scheme before the pool), blocks for what each sequence holds, and blocks
 //               with a shared system prompt held once (prefix caching); measured by allocating
 //               from a real pool of that budget
-//   throughput  aggregate decode tokens/s through the engine at 1, 4, 16 and 64 streams
+//   throughput  aggregate decode tokens/s through the engine at 1, 4, 16 and 64 streams, and (CPU)
+//               the most n streams can decode against the one stream measured when a step of n
+//               rows is bound by the arithmetic peak (measured here), not by reading the weights
 //   TTFT        time to first token of a request whose 2,000-token prefix is cold vs cached
 //               (goal: cached ≤ 0.2 × cold)
 // Every timing is the median of --repeats runs.
+#include <omp.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <filesystem>
@@ -23,6 +27,7 @@
 #include "base/status_macros.h"
 #include "bench/bench_model.h"
 #include "bench/bench_util.h"
+#include "bench/compute_peak.h"
 #include "clients/synth.h"
 #include "engine/engine.h"
 #include "kernels/backend_registry.h"
@@ -277,6 +282,25 @@ int Main() {
       "throughput: prompt %d, %d tokens per stream (tokens/s over the whole run, and while every "
       "stream decodes)\n",
       prompt_tokens, decode_tokens);
+  // What this machine allows n streams against one: a step of n rows makes n multiply-adds of
+  // every weight, at least n · 2 · weights ÷ the arithmetic peak (measured here), while one stream
+  // is bound by reading the weights. Where the n-row arithmetic takes longer than the one-stream
+  // token measured below, n streams decode at most n · t(1) / t(n) times as fast as one.
+  const bool bf16_weights = absl::GetFlag(FLAGS_dtype) == "bf16";
+  const double multiply_adds =
+      static_cast<double>(model->bytes_streamed_per_token()) / (bf16_weights ? 2.0 : 4.0);
+  double peak = 0.0;
+  if (absl::GetFlag(FLAGS_backend) == "cpu") {
+    peak = bf16_weights ? bench::Bf16DotPeak(omp_get_max_threads())
+                        : bench::Fp32FmaPeak(omp_get_max_threads());
+  }
+  if (peak > 0) {
+    std::printf(
+        "  a row makes %.0f M multiply-adds: %.2f ms at the %s peak (%.0f GFLOP/s, %d threads, "
+        "measured)\n",
+        multiply_adds / 1e6, 2 * multiply_adds / peak * 1e3, bf16_weights ? "vdpbf16ps" : "FMA",
+        peak / 1e9, omp_get_max_threads());
+  }
   for (const std::string& text : absl::GetFlag(FLAGS_streams)) {
     const int streams = std::max(1, std::atoi(text.c_str()));
     std::vector<double> rates;
@@ -302,6 +326,15 @@ int Main() {
         "  %3d streams: %8.1f tokens/s (%.2fx one stream); decoding: %8.1f tokens/s (%.2fx)\n",
         streams, rate, rate / std::max(1e-9, single), decode_rate,
         decode_rate / std::max(1e-9, single_decode));
+    if (peak > 0 && streams > 1 && single_decode > 0) {
+      const double one = 1.0 / single_decode;
+      const double arithmetic = streams * 2 * multiply_adds / peak;
+      std::printf(
+          "               at most %.2fx the one stream above (a step's arithmetic at the peak: "
+          "%.1f ms); while decoding its linears ran at %.2f of the peak\n",
+          streams * one / std::max(one, arithmetic), arithmetic * 1e3,
+          decode_rate * 2 * multiply_adds / peak);
+    }
   }
 
   // TTFT with a cold and a cached 2,000-token prefix.
