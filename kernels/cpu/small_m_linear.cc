@@ -150,7 +150,7 @@ KILN_AVX512_BF16_TARGET void PanelGroupBf16(const PanelWeights& w, const uint32_
 //
 // 5-8 rows take a panel as two column halves (8 rows × 2 vectors fill the registers), 9-16 rows
 // also as two row groups: up to four passes. Passes over the whole panel would leave memory idle
-// while the later ones read it from cache; over a chunk (8 KiB) they read it from L1 and, spread
+// while the later ones read it from cache; over a chunk (16 KiB) they read it from L1 and, spread
 // over them, prefetch the next chunk into L2, so the weights stream at an even rate while the FMAs
 // run (linear_bench --layer_order, the 0.5B shapes on a Zen 5 EPYC: 15 % faster than whole-panel
 // passes at 8 rows, and at 16 rows about 20 % faster than brgemm in the dispatcher's rounds; on a
@@ -160,9 +160,12 @@ KILN_AVX512_BF16_TARGET void PanelGroupBf16(const PanelWeights& w, const uint32_
 // without the prefetch (compiled out, see prefetch.h), 0.52-0.63 with it into L1 and 0.76 into L2.
 // Accumulators go to a scratch between passes (exact), so each row sums in the order above.
 
-// k pairs per chunk: 32 × 256 bytes (16 to 64 measured the same at 16 rows; 128 with the next
-// chunk outgrew L1 and ran 15-20 % slower).
-constexpr int64_t kChunkPairs = 32;
+// k pairs per chunk: 64 × 256 bytes = 16 KiB, half of L1. With the activations laid out by k pair
+// (ToBf16Pairs), alternating chunk sizes call by call in kiln_linear_bench --layer_order on a
+// Zen 4: 64 pairs took 1-10 % less time than 32 at 8, 12 and 16 rows in every shape, 48 and 96
+// more than 64, 16 about 12 % more than 32 (before that layout 16-64 measured the same at 16
+// rows; 128, the whole of L1 with the next chunk's lines arriving, ran 15-20 % slower).
+constexpr int64_t kChunkPairs = 64;
 // Rows a pass holds in registers.
 constexpr int kRowsPerPass = 8;
 static_assert(kSmallMMaxRows <= 2 * kRowsPerPass);
