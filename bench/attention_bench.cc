@@ -3,7 +3,9 @@
 // peak of the same threads, measured in the same process. Attention over a few hundred positions
 // reads little (a 0.5B model's bf16 KV at 512 positions is 0.3 MB a layer, from cache) and is
 // bound by arithmetic, so the FMA peak, not the memory, is its roofline. Calls run layer after
-// layer on a step's thread team, as decode runs them, over a block table in shuffled order.
+// layer on a step's thread team, as decode runs them, over a block table in shuffled order. With
+// --sequences N > 1 a layer's call attends for N sequences (a step of N streams), timed both as one
+// call for all and as one call a sequence, alternating layer by layer.
 #include <immintrin.h>
 #include <omp.h>
 
@@ -39,6 +41,10 @@ ABSL_FLAG(std::vector<std::string>, contexts, std::vector<std::string>({"128", "
           "positions the last new token sees");
 ABSL_FLAG(std::vector<std::string>, tokens, std::vector<std::string>({"1", "4"}),
           "new tokens a call (1: decode; more: speculative verification)");
+ABSL_FLAG(std::vector<std::string>, sequences, std::vector<std::string>({"1", "16"}),
+          "sequences a layer's call attends for (a step of that many streams), each with its own "
+          "context and block table; with more than one, also timed as one call a sequence, "
+          "alternating layer by layer");
 ABSL_FLAG(std::vector<std::string>, kv_dtypes, std::vector<std::string>({"bf16", "f32"}),
           "what the pool stores");
 ABSL_FLAG(int64_t, evict_bytes, 12 << 20,
@@ -95,12 +101,18 @@ struct Case {
   DType dtype;
   int64_t context;
   int64_t tokens;
+  int64_t sequences;
 };
 
-// Median microseconds of one layer's call.
-double TimeCase(const AttentionShape& shape, const Case& c, int64_t layers, int64_t block_size,
+struct Timing {
+  double together = 0.0;    // one call for every sequence (µs a layer, median)
+  double one_by_one = 0.0;  // one call a sequence (sequences > 1)
+};
+
+// Median microseconds of one layer's attention over c.sequences sequences of c.context positions.
+Timing TimeCase(const AttentionShape& shape, const Case& c, int64_t layers, int64_t block_size,
                 int repeats, int threads, Evictor& evictor) {
-  const int64_t blocks = (c.context + block_size - 1) / block_size;
+  const int64_t blocks = c.sequences * ((c.context + block_size - 1) / block_size);
   KvPoolRef pool;
   pool.num_blocks = blocks;
   pool.block_size = block_size;
@@ -111,7 +123,7 @@ double TimeCase(const AttentionShape& shape, const Case& c, int64_t layers, int6
   const size_t element_bytes = c.dtype == DType::kBF16 ? 2 : 4;
   cpu::HostBytes memory(
       static_cast<std::byte*>(cpu::AllocateHost(static_cast<size_t>(elements) * element_bytes)));
-  if (memory == nullptr) return 0.0;
+  if (memory == nullptr) return Timing{};
   pool.data = memory.get();
   std::mt19937 rng(7);
   std::uniform_real_distribution<float> uniform(-1.0f, 1.0f);
@@ -122,32 +134,61 @@ double TimeCase(const AttentionShape& shape, const Case& c, int64_t layers, int6
       static_cast<float*>(pool.data)[i] = uniform(rng);
     }
   }
+  // The blocks in shuffled order, each sequence a run of the shuffled list.
   std::vector<int32_t> table(static_cast<size_t>(blocks));
   std::iota(table.begin(), table.end(), 0);
   std::shuffle(table.begin(), table.end(), rng);
+  const int64_t blocks_a_sequence = blocks / c.sequences;
   const int64_t q_stride = shape.qkv_dim();
-  std::vector<float> q(static_cast<size_t>(c.tokens * q_stride));
+  const int64_t rows = c.sequences * c.tokens;
+  std::vector<float> q(static_cast<size_t>(rows * q_stride));
   for (float& v : q) v = uniform(rng);
-  std::vector<float> out(static_cast<size_t>(c.tokens * shape.q_dim()));
-  const int64_t passes = std::max<int64_t>(1, 4096 / c.context);
-  std::vector<double> per_call;
+  std::vector<float> out(static_cast<size_t>(rows * shape.q_dim()));
+  auto sequences_of = [&](int64_t layer) {
+    std::vector<cpu::AttentionSequence> sequences(static_cast<size_t>(c.sequences));
+    for (int64_t s = 0; s < c.sequences; ++s) {
+      cpu::AttentionSequence& a = sequences[static_cast<size_t>(s)];
+      a.q = q.data() + s * c.tokens * q_stride;
+      a.q_stride = q_stride;
+      a.n_tokens = c.tokens;
+      a.start_pos = c.context - c.tokens;
+      a.kv = cpu::PagedKv{pool, table.data() + s * blocks_a_sequence, layer};
+      a.out = out.data() + s * c.tokens * shape.q_dim();
+      a.out_stride = shape.q_dim();
+    }
+    return sequences;
+  };
+  const int64_t passes = std::max<int64_t>(1, 4096 / (c.context * c.sequences));
+  std::vector<double> together, one_by_one;
   for (int r = 0; r <= repeats; ++r) {  // the first round warms the caches and the team
-    double seconds = 0.0;
+    double seconds[2] = {0.0, 0.0};
     absl::Status held = cpu::StepTeam::Hold(threads, [&]() -> absl::Status {
       for (int64_t p = 0; p < passes; ++p) {
         for (int64_t layer = 0; layer < layers; ++layer) {
-          evictor.Read(threads);
-          const auto start = Clock::now();
-          cpu::CausalAttention(shape, q.data(), q_stride, c.tokens, c.context - c.tokens,
-                               cpu::PagedKv{pool, table.data(), layer}, out.data(), shape.q_dim());
-          seconds += Seconds(start);
+          const std::vector<cpu::AttentionSequence> sequences = sequences_of(layer);
+          for (int way = 0; way < (c.sequences > 1 ? 2 : 1); ++way) {
+            evictor.Read(threads);
+            const auto start = Clock::now();
+            if (way == 0) {
+              cpu::CausalAttention(shape, sequences.data(), c.sequences);
+            } else {
+              for (const cpu::AttentionSequence& a : sequences) {
+                cpu::CausalAttention(shape, a.q, a.q_stride, a.n_tokens, a.start_pos, a.kv, a.out,
+                                     a.out_stride);
+              }
+            }
+            seconds[way] += Seconds(start);
+          }
         }
       }
       return absl::OkStatus();
     });
-    if (r > 0) per_call.push_back(seconds * 1e6 / static_cast<double>(passes * layers));
+    if (r > 0) {
+      together.push_back(seconds[0] * 1e6 / static_cast<double>(passes * layers));
+      one_by_one.push_back(seconds[1] * 1e6 / static_cast<double>(passes * layers));
+    }
   }
-  return Median(per_call);
+  return Timing{Median(together), c.sequences > 1 ? Median(one_by_one) : 0.0};
 }
 
 int Run() {
@@ -168,26 +209,31 @@ int Run() {
       absl::GetFlag(FLAGS_block_size), threads);
   if (avx512)
     std::printf("fp32 FMA peak  %.1f GFLOP/s (%d threads, measured)\n", peak / 1e9, threads);
-  std::printf("%-6s %8s %7s %12s %10s %8s\n", "KV", "context", "tokens", "us a call", "GFLOP/s",
-              "÷ peak");
+  std::printf("%-6s %8s %7s %5s %12s %10s %8s %16s\n", "KV", "context", "tokens", "seqs",
+              "us a call", "GFLOP/s", "÷ peak", "a call a seq, us");
   for (const std::string& name : absl::GetFlag(FLAGS_kv_dtypes)) {
     const DType dtype = name == "f32" ? DType::kF32 : DType::kBF16;
     for (int64_t context : Numbers(absl::GetFlag(FLAGS_contexts))) {
       for (int64_t tokens : Numbers(absl::GetFlag(FLAGS_tokens))) {
         if (tokens > context) continue;
-        const double us = TimeCase(shape, Case{dtype, context, tokens}, absl::GetFlag(FLAGS_layers),
-                                   absl::GetFlag(FLAGS_block_size), absl::GetFlag(FLAGS_repeats),
-                                   threads, evictor);
-        // q·k and p·v: 2 FLOPs a multiply-add each, over the keys each token sees.
-        double macs = 0.0;
-        for (int64_t t = 0; t < tokens; ++t) {
-          macs += 2.0 * static_cast<double>(shape.n_heads * shape.head_dim) *
-                  static_cast<double>(context - tokens + t + 1);
+        for (int64_t sequences : Numbers(absl::GetFlag(FLAGS_sequences))) {
+          const Timing t = TimeCase(shape, Case{dtype, context, tokens, sequences},
+                                    absl::GetFlag(FLAGS_layers), absl::GetFlag(FLAGS_block_size),
+                                    absl::GetFlag(FLAGS_repeats), threads, evictor);
+          // q·k and p·v: 2 FLOPs a multiply-add each, over the keys each token sees.
+          double macs = 0.0;
+          for (int64_t k = 0; k < tokens; ++k) {
+            macs += 2.0 * static_cast<double>(shape.n_heads * shape.head_dim) *
+                    static_cast<double>(context - tokens + k + 1);
+          }
+          const double gflops = 2.0 * macs * static_cast<double>(sequences) / (t.together * 1e3);
+          std::printf("%-6s %8lld %7lld %5lld %12.2f %10.1f %8.2f", name.c_str(),
+                      static_cast<long long>(context), static_cast<long long>(tokens),
+                      static_cast<long long>(sequences), t.together, gflops,
+                      avx512 ? gflops * 1e9 / peak : 0.0);
+          if (sequences > 1) std::printf(" %16.2f", t.one_by_one);
+          std::printf("\n");
         }
-        const double gflops = 2.0 * macs / (us * 1e3);
-        std::printf("%-6s %8lld %7lld %12.2f %10.1f %8.2f\n", name.c_str(),
-                    static_cast<long long>(context), static_cast<long long>(tokens), us, gflops,
-                    avx512 ? gflops * 1e9 / peak : 0.0);
       }
     }
   }

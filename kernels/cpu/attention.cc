@@ -474,15 +474,76 @@ void TiledAttention(const AttentionShape& shape, const float* q, int64_t q_strid
   });
 }
 
+// A tile of one of a step's sequences, and the keys its last token sees (its work).
+struct SequenceTile {
+  const AttentionSequence* sequence = nullptr;
+  Tile tile;
+  int64_t keys = 0;
+};
+thread_local std::vector<SequenceTile> tls_sequence_tiles;
+
+bool TiledPathSupports(const AttentionShape& shape) {
+  static const bool avx512 = Avx512Supported();
+  return avx512 && shape.head_dim % 16 == 0 && shape.head_dim <= kMaxHeadDim &&
+         shape.n_kv_heads > 0 && shape.n_heads % shape.n_kv_heads == 0;
+}
+
 }  // namespace
+
+void CausalAttention(const AttentionShape& shape, const AttentionSequence* sequences,
+                     int64_t count) {
+  if (count == 1 || !TiledPathSupports(shape)) {
+    for (int64_t s = 0; s < count; ++s) {
+      const AttentionSequence& seq = sequences[s];
+      CausalAttention(shape, seq.q, seq.q_stride, seq.n_tokens, seq.start_pos, seq.kv, seq.out,
+                      seq.out_stride);
+    }
+    return;
+  }
+  // The same tiles as TiledAttention makes for each sequence alone, so every row's result is the
+  // same bits.
+  const int64_t group = shape.n_heads / shape.n_kv_heads;
+  std::vector<SequenceTile>& tiles = tls_sequence_tiles;
+  tiles.clear();
+  int64_t work = 0;
+  for (int64_t s = 0; s < count; ++s) {
+    const AttentionSequence& seq = sequences[s];
+    if (seq.n_tokens <= 0) continue;
+    const int64_t tile_tokens = std::clamp<int64_t>(kTargetTileRows / group, 1, seq.n_tokens);
+    for (int64_t first = 0; first < seq.n_tokens; first += tile_tokens) {
+      for (int64_t kv_head = 0; kv_head < shape.n_kv_heads; ++kv_head) {
+        SequenceTile unit;
+        unit.sequence = &seq;
+        unit.tile.first_token = first;
+        unit.tile.tokens = std::min(tile_tokens, seq.n_tokens - first);
+        unit.tile.kv_head = kv_head;
+        unit.keys = seq.start_pos + first + unit.tile.tokens;
+        tiles.push_back(unit);
+      }
+    }
+    work += (seq.start_pos + seq.n_tokens) * shape.n_heads * shape.head_dim;
+  }
+  // The tiles that see the most keys first, so that the threads finish together.
+  std::stable_sort(tiles.begin(), tiles.end(),
+                   [](const SequenceTile& a, const SequenceTile& b) { return a.keys > b.keys; });
+  const bool parallel = tiles.size() > 1 && work >= 4096;
+  ParallelForDynamic(static_cast<int64_t>(tiles.size()), parallel, [&](int64_t i) {
+    const SequenceTile& unit = tiles[static_cast<size_t>(i)];
+    const AttentionSequence& seq = *unit.sequence;
+    if (seq.kv.pool.dtype == DType::kBF16) {
+      RunTile<uint16_t>(shape, seq.q, seq.q_stride, seq.start_pos, seq.kv, unit.tile, seq.out,
+                        seq.out_stride);
+    } else {
+      RunTile<float>(shape, seq.q, seq.q_stride, seq.start_pos, seq.kv, unit.tile, seq.out,
+                     seq.out_stride);
+    }
+  });
+}
 
 void CausalAttention(const AttentionShape& shape, const float* q, int64_t q_stride,
                      int64_t n_tokens, int64_t start_pos, const PagedKv& kv, float* out,
                      int64_t out_stride) {
-  static const bool avx512 = Avx512Supported();
-  const bool tiled = avx512 && shape.head_dim % 16 == 0 && shape.head_dim <= kMaxHeadDim &&
-                     shape.n_kv_heads > 0 && shape.n_heads % shape.n_kv_heads == 0;
-  if (tiled) {
+  if (TiledPathSupports(shape)) {
     TiledAttention(shape, q, q_stride, n_tokens, start_pos, kv, out, out_stride);
   } else {
     if (kv.pool.dtype == DType::kBF16) {

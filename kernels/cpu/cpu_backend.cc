@@ -10,6 +10,7 @@
 #include <optional>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -191,12 +192,20 @@ class CpuContext final : public ExecutionContext {
   absl::Status DoAttention(const TensorView& qkv, const AttentionShape& shape, int64_t layer,
                            const TensorView& out) override {
     const StepMetadata& s = step();
+    std::vector<cpu::AttentionSequence>& sequences = attention_sequences_;
+    sequences.clear();
     for (const StepSequence& seq : s.sequences) {
-      const cpu::PagedKv kv{s.pool, s.table(seq), layer};
-      cpu::CausalAttention(shape, qkv.f32() + seq.first_row * qkv.row_stride, qkv.row_stride,
-                           seq.rows, seq.start_position, kv,
-                           out.f32() + seq.first_row * out.row_stride, out.row_stride);
+      cpu::AttentionSequence a;
+      a.q = qkv.f32() + seq.first_row * qkv.row_stride;
+      a.q_stride = qkv.row_stride;
+      a.n_tokens = seq.rows;
+      a.start_pos = seq.start_position;
+      a.kv = cpu::PagedKv{s.pool, s.table(seq), layer};
+      a.out = out.f32() + seq.first_row * out.row_stride;
+      a.out_stride = out.row_stride;
+      sequences.push_back(a);
     }
+    cpu::CausalAttention(shape, sequences.data(), static_cast<int64_t>(sequences.size()));
     return absl::OkStatus();
   }
 
@@ -240,6 +249,8 @@ class CpuContext final : public ExecutionContext {
   // then runs every linear).
   uint32_t rows_without_team_;
   static_assert(cpu::kSmallMMaxRows <= 32, "rows_without_team_ holds a bit per row count");
+  // A step's sequences as the attention takes them (only grows).
+  std::vector<cpu::AttentionSequence> attention_sequences_;
 };
 
 class CpuBackend final : public Backend {

@@ -92,4 +92,21 @@ void CausalAttention(const AttentionShape& shape, const float* q, int64_t q_stri
                      int64_t n_tokens, int64_t start_pos, const PagedKv& kv, float* out,
                      int64_t out_stride);
 
+// One sequence's part of a step's attention: CausalAttention's arguments.
+struct AttentionSequence {
+  const float* q = nullptr;
+  int64_t q_stride = 0;
+  int64_t n_tokens = 0;
+  int64_t start_pos = 0;
+  PagedKv kv;
+  float* out = nullptr;
+  int64_t out_stride = 0;
+};
+
+// CausalAttention for every sequence of a step, bit for bit, with the work of all of them handed
+// to the threads at once, the tiles that see the most keys first: one hand-over a layer, not one
+// a sequence (16 decoding streams made 16 a layer, each of two tiles).
+void CausalAttention(const AttentionShape& shape, const AttentionSequence* sequences,
+                     int64_t count);
+
 }  // namespace kiln::cpu

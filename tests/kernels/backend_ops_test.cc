@@ -630,6 +630,46 @@ TEST_P(BackendOpsTest, AttentionOfEachRowEqualsTheRowAlone) {
   }
 }
 
+// A step of many sequences (batched decode, prefill beside decode) hands all their attention to
+// the threads at once: each sequence's rows must be the bits it gets in a step of its own.
+TEST_P(BackendOpsTest, AttentionOfEachSequenceEqualsTheSequenceAlone) {
+  const std::vector<std::pair<int64_t, int64_t>> sequences = {{1, 0}, {1, 5},  {4, 61}, {1, 130},
+                                                              {9, 0}, {1, 33}, {1, 17}, {2, 200}};
+  for (const DType kv_dtype : kKvDTypes) {
+    for (auto [heads, kv_heads] : {std::pair<int64_t, int64_t>{14, 2}, {6, 2}}) {
+      SCOPED_TRACE(testing::Message()
+                   << heads << "/" << kv_heads << " heads, " << DTypeApiName(kv_dtype) << " pool");
+      const AttentionShape shape{heads, kv_heads, 64, 0.125f};
+      int64_t blocks = 2;
+      for (auto [rows, start] : sequences) blocks += (rows + start + 15) / 16;
+      MakePool(blocks, 16, 1, shape.kv_dim(), 11, kv_dtype);
+      std::vector<std::vector<int32_t>> tables;
+      for (auto [rows, start] : sequences) tables.push_back(Table(rows + start));
+      const StepMetadata step = Step(sequences, tables);
+      const int64_t rows = step.rows();
+      const std::vector<float> x = Random(rows * shape.qkv_dim(), 13, -3.0f, 3.0f);
+      ASSERT_TRUE(ctx_->BeginStep(step).ok());
+      const TensorView together = Filled(rows, shape.q_dim());
+      ASSERT_TRUE(ctx_->Attention(Upload(x, rows, shape.qkv_dim()), shape, 0, together).ok());
+      const std::vector<float> all = Download(together);
+      for (size_t s = 0; s < sequences.size(); ++s) {
+        const StepSequence& seq = step.sequences[s];
+        ASSERT_TRUE(ctx_->BeginStep(Step({sequences[s]}, {tables[s]})).ok());
+        const std::vector<float> own(x.begin() + seq.first_row * shape.qkv_dim(),
+                                     x.begin() + (seq.first_row + seq.rows) * shape.qkv_dim());
+        const TensorView alone = Filled(seq.rows, shape.q_dim());
+        ASSERT_TRUE(ctx_->Attention(Upload(own, seq.rows, shape.qkv_dim()), shape, 0, alone).ok());
+        const std::vector<float> got = Download(alone);
+        for (int64_t i = 0; i < seq.rows * shape.q_dim(); ++i) {
+          ASSERT_EQ(got[static_cast<size_t>(i)],
+                    all[static_cast<size_t>(seq.first_row * shape.q_dim() + i)])
+              << "sequence " << s << " value " << i;
+        }
+      }
+    }
+  }
+}
+
 TEST_P(BackendOpsTest, AttentionOpsRefuseLayersAndShapesTheCacheDoesNotHave) {
   const AttentionShape shape{4, 2, 64, 0.125f};
   MakePool(4, 4, 2, shape.kv_dim(), 3);
