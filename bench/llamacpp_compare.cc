@@ -4,8 +4,9 @@
 //
 // kiln runs in process (LoadModel with LoadOptions::quantize, then PreparedModel::Forward);
 // llama.cpp runs as the `llama-bench` binary the user names (-m FILE -t N -p P -n D -r 1 -o json),
-// the two alternating round by round so that both see the same machine. Prints medians, the
-// kiln ÷ llama.cpp ratios, and each decode against this machine's read bandwidth:
+// the two back to back in each round, in turns first, so that both see the same machine. Prints
+// medians, the kiln ÷ llama.cpp ratios (the median of the rounds' own ratios), and each decode
+// against this machine's read bandwidth, probed just before the run:
 //   roofline = bytes streamed per token × tokens/s ÷ read bandwidth.
 // Without --llama_bench only kiln's numbers and roofline are printed.
 //
@@ -81,7 +82,7 @@ struct FormatRow {
   std::string kiln_unavailable;  // why kiln has no numbers for this row
   std::string llama_error;       // why llama.cpp has none (after the first failure)
   std::vector<double> kiln_prefill, kiln_decode, llama_prefill, llama_decode;
-  // Each decode run's bytes × tokens/s ÷ the bandwidth measured at the start of its round.
+  // Each decode run's bytes × tokens/s ÷ the bandwidth probed just before it.
   std::vector<double> kiln_roofline, llama_roofline;
 };
 
@@ -317,9 +318,14 @@ std::string Rate(const std::vector<double>& rates) {
   return rates.empty() ? "-" : absl::StrFormat("%.1f", Median(rates));
 }
 
+// The median of the rounds' own ratios: a round runs the two back to back, so each ratio holds two
+// runs that met the same machine; the ratio of the medians could pair a kiln run from a minute of
+// high bandwidth with a llama.cpp run from a minute of low.
 std::string Ratio(const std::vector<double>& kiln, const std::vector<double>& llama) {
-  return kiln.empty() || llama.empty() ? "-"
-                                       : absl::StrFormat("%.2f", Median(kiln) / Median(llama));
+  if (kiln.empty() || kiln.size() != llama.size()) return "-";
+  std::vector<double> ratios;
+  for (size_t i = 0; i < kiln.size(); ++i) ratios.push_back(kiln[i] / llama[i]);
+  return absl::StrFormat("%.2f", Median(ratios));
 }
 
 std::string Roofline(const std::vector<double>& ratios) {
@@ -345,9 +351,10 @@ void PrintTable(const std::vector<FormatRow>& rows, bool with_llama) {
     }
   }
   std::printf(
-      "\ntokens/s, medians; pp = prefill, tg = batch-1 decode, ratio = kiln ÷ llama.cpp;\n"
-      "rl = decode roofline: bytes read per token × tg ÷ the read bandwidth measured in the same "
-      "round, median\nover rounds (kiln: packed weights and one embedding row; llama.cpp: every "
+      "\ntokens/s, medians; pp = prefill, tg = batch-1 decode; ratio = kiln ÷ llama.cpp, the "
+      "median of the rounds'\nratios (each round runs the two back to back, in turns first);\n"
+      "rl = decode roofline: bytes read per token × tg ÷ the read bandwidth probed just before the "
+      "run, median\nover rounds (kiln: packed weights and one embedding row; llama.cpp: every "
       "tensor in the file, its\nmodel_size)\n");
 }
 
@@ -422,47 +429,56 @@ int Main() {
   }
 
   std::printf(
-      "%d alternating rounds of prefill %d and decode %d (each from an empty cache), each round "
+      "%d alternating rounds of prefill %d and decode %d (each from an empty cache), each run "
       "after a read-bandwidth probe",
       repeats, prompt_tokens, decode_tokens);
   std::fflush(stdout);
-  // The machine's bandwidth moves (other tenants, clocks) by up to 2× over minutes here, so each
-  // round is held against its own probe rather than one taken at the start.
+  // The machine's bandwidth moves (other tenants, clocks) by up to 2× within a minute here, so each
+  // run is held against a probe taken just before it, and the two programs take turns going first
+  // in a round.
   std::vector<double> bandwidths;
   for (int round = 0; round < repeats; ++round) {
-    const double bandwidth = bench::MeasureReadBandwidth(2);
-    bandwidths.push_back(bandwidth);
     for (FormatRow& row : rows) {
-      if (row.kiln_model) {
-        absl::StatusOr<Throughput> kiln = MeasureKiln(*row.kiln_model, prompt, decode_tokens);
-        if (!kiln.ok()) return Fail(kiln.status());
-        row.kiln_prefill.push_back(kiln->prefill), row.kiln_decode.push_back(kiln->decode);
+      auto run_kiln = [&]() -> absl::Status {
+        if (!row.kiln_model) return absl::OkStatus();
+        const double bandwidth = bench::MeasureReadBandwidth(2);
+        bandwidths.push_back(bandwidth);
+        KILN_ASSIGN_OR_RETURN(Throughput kiln, MeasureKiln(*row.kiln_model, prompt, decode_tokens));
+        row.kiln_prefill.push_back(kiln.prefill), row.kiln_decode.push_back(kiln.decode);
         row.kiln_roofline.push_back(
-            static_cast<double>(row.kiln_model->bytes_streamed_per_token()) * kiln->decode /
+            static_cast<double>(row.kiln_model->bytes_streamed_per_token()) * kiln.decode /
             bandwidth);
-      }
-      if (!llama_bench.empty() && row.llama_error.empty()) {
+        return absl::OkStatus();
+      };
+      auto run_llama = [&]() {
+        if (llama_bench.empty() || !row.llama_error.empty()) return;
+        const double bandwidth = bench::MeasureReadBandwidth(2);
+        bandwidths.push_back(bandwidth);
         absl::StatusOr<LlamaBenchResult> llama = MeasureLlamaCpp(
             llama_bench, row.gguf, threads, prompt_tokens, decode_tokens, extra_args);
         if (!llama.ok()) {
           row.llama_error = std::string(llama.status().message());
           row.llama_prefill.clear(), row.llama_decode.clear();
-        } else {
-          row.llama_prefill.push_back(llama->throughput.prefill);
-          row.llama_decode.push_back(llama->throughput.decode);
-          row.llama_roofline.push_back(llama->tensor_bytes * llama->throughput.decode / bandwidth);
+          return;
         }
-      }
+        row.llama_prefill.push_back(llama->throughput.prefill);
+        row.llama_decode.push_back(llama->throughput.decode);
+        row.llama_roofline.push_back(llama->tensor_bytes * llama->throughput.decode / bandwidth);
+      };
+      if (round % 2 == 1) run_llama();
+      if (absl::Status status = run_kiln(); !status.ok()) return Fail(status);
+      if (round % 2 == 0) run_llama();
     }
     std::printf(" .");
     std::fflush(stdout);
   }
   std::printf("\n");
-  std::printf(
-      "memory read bandwidth  %.2f GB/s median of the rounds' probes (%.2f to %.2f), %d "
-      "threads\n",
-      Median(bandwidths) / 1e9, *std::min_element(bandwidths.begin(), bandwidths.end()) / 1e9,
-      *std::max_element(bandwidths.begin(), bandwidths.end()) / 1e9, threads);
+  if (!bandwidths.empty()) {
+    std::printf(
+        "memory read bandwidth  %.2f GB/s median of the runs' probes (%.2f to %.2f), %d threads\n",
+        Median(bandwidths) / 1e9, *std::min_element(bandwidths.begin(), bandwidths.end()) / 1e9,
+        *std::max_element(bandwidths.begin(), bandwidths.end()) / 1e9, threads);
+  }
   PrintTable(rows, !llama_bench.empty());
   return 0;
 }
