@@ -331,7 +331,7 @@ int Main() {
       const double arithmetic = streams * 2 * multiply_adds / peak;
       std::printf(
           "               at most %.2fx the one stream above (a step's arithmetic at the peak: "
-          "%.1f ms); while decoding its linears ran at %.2f of the peak\n",
+          "%.1f ms); decoding, the steps made their linears' multiply-adds at %.2f of the peak\n",
           streams * one / std::max(one, arithmetic), arithmetic * 1e3,
           decode_rate * 2 * multiply_adds / peak);
     }
