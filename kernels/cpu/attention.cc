@@ -451,29 +451,6 @@ KILN_AVX512_TARGET void RunTile(const AttentionShape& shape, const float* q, int
   }
 }
 
-void TiledAttention(const AttentionShape& shape, const float* q, int64_t q_stride, int64_t n_tokens,
-                    int64_t start_pos, const PagedKv& kv, float* out, int64_t out_stride) {
-  const int64_t group = shape.n_heads / shape.n_kv_heads;
-  const int64_t tile_tokens = std::clamp<int64_t>(kTargetTileRows / group, 1, n_tokens);
-  const int64_t tiles = (n_tokens + tile_tokens - 1) / tile_tokens;
-  const int64_t units = tiles * shape.n_kv_heads;
-  const int64_t context = start_pos + n_tokens;
-  const bool parallel = units > 1 && context * shape.n_heads * shape.head_dim >= 4096;
-  // Later tiles see more keys: hand them out first so the threads finish together.
-  ParallelForDynamic(units, parallel, [&](int64_t u) {
-    const int64_t tile = tiles - 1 - u / shape.n_kv_heads;
-    Tile t;
-    t.first_token = tile * tile_tokens;
-    t.tokens = std::min(tile_tokens, n_tokens - t.first_token);
-    t.kv_head = u % shape.n_kv_heads;
-    if (kv.pool.dtype == DType::kBF16) {
-      RunTile<uint16_t>(shape, q, q_stride, start_pos, kv, t, out, out_stride);
-    } else {
-      RunTile<float>(shape, q, q_stride, start_pos, kv, t, out, out_stride);
-    }
-  });
-}
-
 // A tile of one of a step's sequences, and the keys its last token sees (its work).
 struct SequenceTile {
   const AttentionSequence* sequence = nullptr;
@@ -492,16 +469,21 @@ bool TiledPathSupports(const AttentionShape& shape) {
 
 void CausalAttention(const AttentionShape& shape, const AttentionSequence* sequences,
                      int64_t count) {
-  if (count == 1 || !TiledPathSupports(shape)) {
+  if (!TiledPathSupports(shape)) {
     for (int64_t s = 0; s < count; ++s) {
       const AttentionSequence& seq = sequences[s];
-      CausalAttention(shape, seq.q, seq.q_stride, seq.n_tokens, seq.start_pos, seq.kv, seq.out,
-                      seq.out_stride);
+      if (seq.kv.pool.dtype == DType::kBF16) {
+        PortableAttention<uint16_t>(shape, seq.q, seq.q_stride, seq.n_tokens, seq.start_pos, seq.kv,
+                                    seq.out, seq.out_stride);
+      } else {
+        PortableAttention<float>(shape, seq.q, seq.q_stride, seq.n_tokens, seq.start_pos, seq.kv,
+                                 seq.out, seq.out_stride);
+      }
     }
     return;
   }
-  // The same tiles as TiledAttention makes for each sequence alone, so every row's result is the
-  // same bits.
+  // Each sequence's tokens in tiles of a few tokens × one KV head's query heads; a row's result
+  // depends only on its own tile, so a sequence gets the same bits alone or beside others.
   const int64_t group = shape.n_heads / shape.n_kv_heads;
   std::vector<SequenceTile>& tiles = tls_sequence_tiles;
   tiles.clear();
@@ -523,7 +505,7 @@ void CausalAttention(const AttentionShape& shape, const AttentionSequence* seque
     }
     work += (seq.start_pos + seq.n_tokens) * shape.n_heads * shape.head_dim;
   }
-  // The tiles that see the most keys first, so that the threads finish together.
+  // Tiles that see more keys take longer: hand them out first so the threads finish together.
   std::stable_sort(tiles.begin(), tiles.end(),
                    [](const SequenceTile& a, const SequenceTile& b) { return a.keys > b.keys; });
   const bool parallel = tiles.size() > 1 && work >= 4096;
@@ -543,15 +525,8 @@ void CausalAttention(const AttentionShape& shape, const AttentionSequence* seque
 void CausalAttention(const AttentionShape& shape, const float* q, int64_t q_stride,
                      int64_t n_tokens, int64_t start_pos, const PagedKv& kv, float* out,
                      int64_t out_stride) {
-  if (TiledPathSupports(shape)) {
-    TiledAttention(shape, q, q_stride, n_tokens, start_pos, kv, out, out_stride);
-  } else {
-    if (kv.pool.dtype == DType::kBF16) {
-      PortableAttention<uint16_t>(shape, q, q_stride, n_tokens, start_pos, kv, out, out_stride);
-    } else {
-      PortableAttention<float>(shape, q, q_stride, n_tokens, start_pos, kv, out, out_stride);
-    }
-  }
+  const AttentionSequence sequence{q, q_stride, n_tokens, start_pos, kv, out, out_stride};
+  CausalAttention(shape, &sequence, 1);
 }
 
 }  // namespace kiln::cpu
