@@ -19,6 +19,17 @@ namespace peak_internal {
 // ≥ latency × pipes on the cores measured, so that the chains, not their latency, bind.
 constexpr int kChains = 12;
 
+// Lane 0 of the chains' sum, for the caller to use, so that the compiler keeps every chain.
+__attribute__((target("avx512f"))) KILN_ALWAYS_INLINE double KeepChains(
+    const __m512 (&acc)[kChains]) {
+  __m512 total = acc[0];
+  KILN_UNROLL
+  for (int c = 1; c < kChains; ++c) total = _mm512_add_ps(total, acc[c]);
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, total);
+  return static_cast<double>(lanes[0]);
+}
+
 __attribute__((target("avx512f"), noinline)) inline double FmaChains(int64_t iterations) {
   __m512 acc[kChains];
   const __m512 a = _mm512_set1_ps(0.999f), b = _mm512_set1_ps(1e-7f);
@@ -29,12 +40,7 @@ __attribute__((target("avx512f"), noinline)) inline double FmaChains(int64_t ite
     for (int c = 0; c < kChains; ++c) acc[c] = _mm512_fmadd_ps(acc[c], a, b);
     __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]));
   }
-  __m512 total = acc[0];
-  KILN_UNROLL
-  for (int c = 1; c < kChains; ++c) total = _mm512_add_ps(total, acc[c]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, total);
-  return static_cast<double>(lanes[0]);  // used by the caller, so the chains are kept
+  return KeepChains(acc);
 }
 
 __attribute__((target("avx512f,avx512bf16"), noinline)) inline double DotChains(
@@ -49,12 +55,7 @@ __attribute__((target("avx512f,avx512bf16"), noinline)) inline double DotChains(
     for (int c = 0; c < kChains; ++c) acc[c] = _mm512_dpbf16_ps(acc[c], a, b);
     __asm__ volatile("" : "+v"(acc[0]), "+v"(acc[1]), "+v"(acc[2]), "+v"(acc[3]));
   }
-  __m512 total = acc[0];
-  KILN_UNROLL
-  for (int c = 1; c < kChains; ++c) total = _mm512_add_ps(total, acc[c]);
-  alignas(64) float lanes[16];
-  _mm512_store_ps(lanes, total);
-  return static_cast<double>(lanes[0]);
+  return KeepChains(acc);
 }
 
 // FLOP/s of `threads` threads each running chains(iterations), `flops` per chain step; the
