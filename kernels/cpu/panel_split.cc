@@ -9,6 +9,13 @@ namespace kiln::cpu {
 
 void ForPanelStreams(int64_t panels, int streams, int threads,
                      absl::FunctionRef<void(const int64_t* first, int count)> group) {
+  ForPanelStreams(
+      panels, streams, threads, [](const int64_t*, int) {}, group);
+}
+
+void ForPanelStreams(int64_t panels, int streams, int threads,
+                     absl::FunctionRef<void(const int64_t* first, int count)> start,
+                     absl::FunctionRef<void(const int64_t* first, int count)> group) {
   if (panels <= 0) return;
   streams = std::clamp(streams, 1, 4);
   threads = static_cast<int>(std::clamp<int64_t>(threads, 1, panels));
@@ -55,6 +62,14 @@ void ForPanelStreams(int64_t panels, int streams, int threads,
     return n > 0;
   };
   RunOnThreads(threads, [&](int t, int /*count*/) {
+    int64_t first[4];
+    int starts = 0;
+    for (int s = 0; s < streams; ++s) {
+      const uint64_t bounds = shared[t * streams + s].bounds.load(std::memory_order_relaxed);
+      const auto front = static_cast<uint32_t>(bounds);
+      if (front < static_cast<uint32_t>(bounds >> 32)) first[starts++] = front;
+    }
+    start(first, starts);
     while (take_own(t)) {
     }
     // Then the others' runs, from the back (also the runs of threads that did not start).

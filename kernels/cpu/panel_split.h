@@ -65,6 +65,12 @@ constexpr int StreamsForRows(int64_t rows) { return rows == 1 ? 4 : rows == 2 ? 
 // call, so that a thread the machine slows holds the layer up by at most about one panel.
 void ForPanelStreams(int64_t panels, int streams, int threads,
                      absl::FunctionRef<void(const int64_t* first, int count)> group);
+// As above, with start(first, n) called on each thread before its first group, first[0..n) the
+// first panels of its own sub-runs (for a thread to set up its share of the call and ask for the
+// lines it reads first while it does).
+void ForPanelStreams(int64_t panels, int streams, int threads,
+                     absl::FunctionRef<void(const int64_t* first, int count)> start,
+                     absl::FunctionRef<void(const int64_t* first, int count)> group);
 
 // Calls group.template operator()<S>(first) with S = count (1 ≤ count ≤ MaxStreams ≤ 4) and
 // first the count panel indices, for kernels templated on the number of streams.

@@ -32,6 +32,7 @@ using quantized::kMaxK;
 using quantized::kMaxRowsPerPass;
 using quantized::kQuadBytesInt8;
 using quantized::PackedView;
+using quantized::PrefetchPanelStarts;
 using quantized::QuantizeActivations;
 using quantized::QuantizedActivations;
 using quantized::RunPanelGroup;
@@ -291,20 +292,35 @@ class QuantizedLinear final : public PackedLinear {
   int max_streams() const { return max_streams_; }
 
   void Forward(const float* x, int64_t m, float* y, int threads) const {
-    QuantizedActivations& a = tls_activations;
-    QuantizeActivations(view_, x, m, a);
     // Each pass of up to 4 rows reads the weight once (from cache after the first): prefill is
     // worth the fork even for a small weight.
     const int64_t passes = (m + kMaxRowsPerPass - 1) / kMaxRowsPerPass;
     const int64_t useful_threads =
         std::clamp<int64_t>(view_.panels * view_.panel_bytes * passes / kMinBytesPerThread, 1,
                             std::min<int64_t>(threads, view_.panels));
-    // More than 4 rows take passes of 4 over one panel at a time.
-    const int64_t streams =
-        m <= kMaxRowsPerPass ? std::min<int64_t>(max_streams_, StreamsForRows(m)) : 1;
+    if (m > kMaxRowsPerPass) {
+      // More than 4 rows take passes of 4 over one panel at a time, from activations quantized
+      // once.
+      QuantizedActivations& a = tls_activations;
+      QuantizeActivations(view_, x, m, a);
+      ForPanelStreams(
+          view_.panels, 1, static_cast<int>(useful_threads),
+          [&](const int64_t* first, int count) { RunPanelGroup(view_, a, m, first, count, y); });
+      return;
+    }
+    // A decode's few rows: every thread quantizes them for itself as soon as it has the job,
+    // while the first lines of its panels are on their way, rather than the others waiting for
+    // the calling thread to quantize them (0.4-3.9 µs of a 13-70 µs int4 call).
+    const int64_t streams = std::min<int64_t>(max_streams_, StreamsForRows(m));
     ForPanelStreams(
         view_.panels, static_cast<int>(streams), static_cast<int>(useful_threads),
-        [&](const int64_t* first, int count) { RunPanelGroup(view_, a, m, first, count, y); });
+        [&](const int64_t* first, int count) {
+          PrefetchPanelStarts(view_, first, count);
+          QuantizeActivations(view_, x, m, tls_activations);
+        },
+        [&](const int64_t* first, int count) {
+          RunPanelGroup(view_, tls_activations, m, first, count, y);
+        });
   }
 
  private:

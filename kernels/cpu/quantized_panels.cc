@@ -26,6 +26,7 @@ constexpr int64_t kPrefetchBytes = 1024;
 
 // Quantizes `count` values (a multiple of 16, zero-padded past `valid`) symmetrically to int8:
 // returns the scale; `sum` gets Σq. A NaN or Inf makes the scale NaN, so the outputs are NaN.
+// One span a row, for int8 weights (QuantizeGroups takes int4's groups of 32).
 KILN_VNNI_TARGET float QuantizeSpan(const float* x, int64_t valid, int64_t count, int8_t* out,
                                     int32_t* sum) {
   __m512 amax = _mm512_setzero_ps();
@@ -37,8 +38,6 @@ KILN_VNNI_TARGET float QuantizeSpan(const float* x, int64_t valid, int64_t count
     amax = _mm512_max_ps(amax, _mm512_abs_ps(v));
     non_finite = _mm512_add_ps(non_finite, _mm512_mul_ps(v, _mm512_setzero_ps()));
   }
-  // In registers: through memory and std::max_element (and a scalar sum below) an int4 decode's
-  // 28-152 groups a call took 0.59-3.2 µs before the threads start, in registers 0.26-1.3.
   const float max_abs = _mm512_reduce_max_ps(amax);
   if (_mm512_cmp_ps_mask(non_finite, non_finite, _CMP_UNORD_Q) != 0) {
     std::memset(out, 0, static_cast<size_t>(count));
@@ -64,26 +63,117 @@ KILN_VNNI_TARGET float QuantizeSpan(const float* x, int64_t valid, int64_t count
   return max_abs / 127.0f;
 }
 
+// Lane j of the result: op over the 16 lanes of v[j]. One transposing reduction of 16 vectors,
+// 15 pairs of shuffles, in place of 16 reductions of one vector each (4 dependent shuffles apiece).
+template <typename Op>
+KILN_VNNI_TARGET KILN_ALWAYS_INLINE __m512 ReduceEachVector(const __m512 (&v)[16], Op op) {
+  __m512 halves[8];  // [2i] in 128-bit chunks 0-1, [2i + 1] in chunks 2-3
+  KILN_UNROLL
+  for (int i = 0; i < 8; ++i) {
+    halves[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                   _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee));
+  }
+  __m512 quarters[4];  // chunk c holds [4i + c]
+  KILN_UNROLL
+  for (int i = 0; i < 4; ++i) {
+    quarters[i] = op(_mm512_shuffle_f32x4(halves[2 * i], halves[2 * i + 1], 0x88),
+                     _mm512_shuffle_f32x4(halves[2 * i], halves[2 * i + 1], 0xdd));
+  }
+  __m512 pairs[2];  // in chunk c, lanes 0-1 hold [8i + c], lanes 2-3 [8i + 4 + c]
+  KILN_UNROLL
+  for (int i = 0; i < 2; ++i) {
+    pairs[i] = op(_mm512_shuffle_ps(quarters[2 * i], quarters[2 * i + 1], 0x44),
+                  _mm512_shuffle_ps(quarters[2 * i], quarters[2 * i + 1], 0xee));
+  }
+  // Lane 4c + i holds [c + 4i].
+  const __m512 done =
+      op(_mm512_shuffle_ps(pairs[0], pairs[1], 0x88), _mm512_shuffle_ps(pairs[0], pairs[1], 0xdd));
+  const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(order, done);
+}
+
+// One row of int4 activations, each group of 32 values quantized on its own as QuantizeSpan
+// does, 16 groups at a time with their maxima, scales and sums side by side in vectors: at 28
+// groups (K = 896) 0.4-0.9 µs a call group by group, at 152 (K = 4864) 2.3-3.9, on the one thread
+// before the others start.
+KILN_VNNI_TARGET void QuantizeGroups(const float* x, int64_t k, int64_t groups, int8_t* out,
+                                     float* scales, int32_t* offsets) {
+  static_assert(kInt4GroupSize == 32, "two vectors a group");
+  const __m512 infinity = _mm512_set1_ps(std::numeric_limits<float>::infinity());
+  const __m512 levels = _mm512_set1_ps(127.0f);
+  auto max = [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); };
+  auto add = [](__m512 a, __m512 b) {
+    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+  };
+  for (int64_t g0 = 0; g0 < groups; g0 += 16) {
+    const int64_t count = std::min<int64_t>(16, groups - g0);
+    __m512 v[16][2];
+    __m512 magnitude[16];  // per group, |v| lane by lane; +inf where a value is NaN or Inf
+    KILN_UNROLL
+    for (int j = 0; j < 16; ++j) {
+      KILN_UNROLL
+      for (int h = 0; h < 2; ++h) {
+        const int64_t at = (g0 + j) * kInt4GroupSize + 16 * h;
+        const int64_t valid = std::clamp<int64_t>(k - at, 0, 16);
+        v[j][h] = valid == 0 ? _mm512_setzero_ps()
+                             : _mm512_maskz_loadu_ps(
+                                   static_cast<__mmask16>((uint32_t{1} << valid) - 1), x + at);
+      }
+      const __m512 a0 = _mm512_mask_mov_ps(
+          _mm512_abs_ps(v[j][0]), _mm512_cmp_ps_mask(v[j][0], v[j][0], _CMP_UNORD_Q), infinity);
+      const __m512 a1 = _mm512_mask_mov_ps(
+          _mm512_abs_ps(v[j][1]), _mm512_cmp_ps_mask(v[j][1], v[j][1], _CMP_UNORD_Q), infinity);
+      magnitude[j] = _mm512_max_ps(a0, a1);
+    }
+    const __m512 max_abs = ReduceEachVector(magnitude, max);
+    const __mmask16 finite = _mm512_cmp_ps_mask(max_abs, infinity, _CMP_LT_OQ);
+    const __mmask16 nonzero = _mm512_cmp_ps_mask(max_abs, _mm512_setzero_ps(), _CMP_GT_OQ);
+    // A group with a NaN or Inf gets a NaN scale (its outputs become NaN) and q = 0, as does
+    // QuantizeSpan; an all-zero group scale 0 and q = 0.
+    const __m512 scale = _mm512_mask_div_ps(_mm512_set1_ps(std::numeric_limits<float>::quiet_NaN()),
+                                            finite, max_abs, levels);
+    const __mmask16 scaled = finite & nonzero;
+    const __m512 inverse = _mm512_maskz_div_ps(scaled, levels, max_abs);
+    const auto store_mask = static_cast<__mmask16>((uint32_t{1} << count) - 1);
+    _mm512_mask_storeu_ps(scales + g0, store_mask, scale);
+    __m512 sums[16];
+    KILN_UNROLL
+    for (int j = 0; j < 16; ++j) {
+      const __m512 group_inverse = _mm512_permutexvar_ps(_mm512_set1_epi32(j), inverse);
+      const auto lanes = static_cast<__mmask16>((scaled >> j & 1) != 0 ? 0xffff : 0);
+      const __m512i q0 = _mm512_maskz_cvtps_epi32(lanes, _mm512_mul_ps(v[j][0], group_inverse));
+      const __m512i q1 = _mm512_maskz_cvtps_epi32(lanes, _mm512_mul_ps(v[j][1], group_inverse));
+      if (j < count) {
+        int8_t* group_out = out + (g0 + j) * kInt4GroupSize;
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(group_out), _mm512_cvtsepi32_epi8(q0));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(group_out + 16), _mm512_cvtsepi32_epi8(q1));
+      }
+      sums[j] = _mm512_castsi512_ps(_mm512_add_epi32(q0, q1));
+    }
+    const __m512i total = _mm512_castps_si512(ReduceEachVector(sums, add));
+    _mm512_mask_storeu_epi32(offsets + g0, store_mask,
+                             _mm512_mullo_epi32(total, _mm512_set1_epi32(8)));
+  }
+}
+
 }  // namespace
 
 void QuantizeActivations(const PackedView& w, const float* x, int64_t m, QuantizedActivations& a) {
   const int64_t groups_per_row = w.kind == Quantization::kInt8 ? 1 : w.k_padded / kInt4GroupSize;
-  const int64_t span = w.k_padded / groups_per_row;
   a.values.resize(static_cast<size_t>(m * w.k_padded));
   a.scales.resize(static_cast<size_t>(m * groups_per_row));
   a.offsets.resize(static_cast<size_t>(m * groups_per_row));
-  const int32_t weight_offset = w.kind == Quantization::kInt8 ? 128 : 8;
   for (int64_t r = 0; r < m; ++r) {
-    for (int64_t g = 0; g < groups_per_row; ++g) {
-      const int64_t first = g * span;
-      int32_t sum = 0;
-      const size_t at = static_cast<size_t>(r * groups_per_row + g);
-      // A group wholly in K's padding reads nothing (its mask is empty): point it at the row.
-      const float* row = x + r * w.k + std::min(first, w.k - 1);
-      a.scales[at] = QuantizeSpan(row, std::clamp<int64_t>(w.k - first, 0, span), span,
-                                  a.values.data() + r * w.k_padded + first, &sum);
-      a.offsets[at] = weight_offset * sum;
+    int8_t* values = a.values.data() + r * w.k_padded;
+    float* scales = a.scales.data() + r * groups_per_row;
+    int32_t* offsets = a.offsets.data() + r * groups_per_row;
+    if (w.kind == Quantization::kInt4) {
+      QuantizeGroups(x + r * w.k, w.k, groups_per_row, values, scales, offsets);
+      continue;
     }
+    int32_t sum = 0;
+    *scales = QuantizeSpan(x + r * w.k, w.k, w.k_padded, values, &sum);
+    *offsets = 128 * sum;
   }
 }
 
@@ -269,6 +359,15 @@ KILN_VNNI_TARGET void Int4Panels(const PackedView& w, const QuantizedActivations
 }
 
 }  // namespace
+
+void PrefetchPanelStarts(const PackedView& w, const int64_t* first, int count) {
+  for (int i = 0; i < count; ++i) {
+    const uint8_t* panel = w.data + first[i] * w.panel_bytes;
+    for (int64_t line = 0; line < std::min(kPrefetchBytes, w.panel_bytes); line += 64) {
+      PrefetchToL2(panel + line);
+    }
+  }
+}
 
 // Panels first[0..count) side by side for m ≤ 4 rows (count ≤ StreamsForRows(m)); with more rows
 // each panel in turn, in passes of 4 rows, so that the later passes read it from cache.

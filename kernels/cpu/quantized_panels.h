@@ -57,6 +57,10 @@ struct QuantizedActivations {
 // (int4), zero-padded to w.k_padded.
 void QuantizeActivations(const PackedView& w, const float* x, int64_t m, QuantizedActivations& a);
 
+// Asks for the first lines of panels first[0..count) of w, those the kernel reads before its own
+// prefetches run ahead of it, into L2.
+void PrefetchPanelStarts(const PackedView& w, const int64_t* first, int count);
+
 // Panels first[0..count) of w times the m rows of `a`, into y (row stride w.n): side by side
 // for m ≤ 4 rows (count ≤ StreamsForRows(m)), else each panel in turn in passes of 4 rows.
 void RunPanelGroup(const PackedView& w, const QuantizedActivations& a, int64_t m,

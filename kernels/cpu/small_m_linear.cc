@@ -3,6 +3,7 @@
 #include <immintrin.h>
 
 #include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -463,28 +464,38 @@ void RunSmallM(const PanelWeights& w, const float* x, int64_t m, float* y, int t
   const int64_t work_bytes = weight_bytes * ((m + kRowsPerPass - 1) / kRowsPerPass);
   const int64_t useful_threads =
       std::clamp<int64_t>(work_bytes / kMinBytesPerThread, 1, std::min<int64_t>(threads, panels));
-  const void* xp = nullptr;
-  if (w.dtype == DType::kBF16) {
-    tls_x_bf16.resize(static_cast<size_t>(m * w.k_padded / 2));
-    ToBf16Pairs(x, m, w.k, w.k_padded, tls_x_bf16.data());
-    xp = tls_x_bf16.data();
-  } else {
-    tls_x_f32.resize(static_cast<size_t>(m * w.k_padded));
-    F32Padded(x, m, w.k, w.k_padded, tls_x_f32.data());
-    xp = tls_x_f32.data();
-  }
   const int64_t streams =
       w.dtype == DType::kBF16 ? std::min<int64_t>(w.max_streams, StreamsForRows(m)) : 1;
-  ForPanelStreams(panels, static_cast<int>(streams), static_cast<int>(useful_threads),
-                  [&](const int64_t* first, int count) {
-                    if (w.dtype == DType::kBF16) {
-                      GroupBf16(w, static_cast<const uint32_t*>(xp), m, first, count, y);
-                      return;
-                    }
-                    for (int i = 0; i < count; ++i) {
-                      RangeF32(w, static_cast<const float*>(xp), m, first[i], first[i] + 1, y);
-                    }
-                  });
+  const int64_t panel_bytes = weight_bytes / panels;
+  // Every thread lays the activations out for itself as soon as it has the job, while the first
+  // lines of its panels are on their way, rather than the others waiting for the calling thread
+  // (at 16 rows and K = 4864 the layout takes 5 µs).
+  ForPanelStreams(
+      panels, static_cast<int>(streams), static_cast<int>(useful_threads),
+      [&](const int64_t* first, int count) {
+        if (w.dtype == DType::kBF16) {
+          for (int i = 0; i < count; ++i) {
+            const auto* panel = static_cast<const std::byte*>(w.data) + first[i] * panel_bytes;
+            for (int64_t line = 0; line < std::min(kPrefetchBytes, panel_bytes); line += 64) {
+              PrefetchToL2(panel + line);
+            }
+          }
+          tls_x_bf16.resize(static_cast<size_t>(m * w.k_padded / 2));
+          ToBf16Pairs(x, m, w.k, w.k_padded, tls_x_bf16.data());
+        } else {
+          tls_x_f32.resize(static_cast<size_t>(m * w.k_padded));
+          F32Padded(x, m, w.k, w.k_padded, tls_x_f32.data());
+        }
+      },
+      [&](const int64_t* first, int count) {
+        if (w.dtype == DType::kBF16) {
+          GroupBf16(w, tls_x_bf16.data(), m, first, count, y);
+          return;
+        }
+        for (int i = 0; i < count; ++i) {
+          RangeF32(w, tls_x_f32.data(), m, first[i], first[i] + 1, y);
+        }
+      });
 }
 
 }  // namespace kiln::cpu

@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <limits>
@@ -17,6 +18,7 @@
 
 #include "kernels/backend_registry.h"
 #include "kernels/cpu/onednn_linear.h"
+#include "kernels/cpu/quantized_panels.h"
 
 namespace kiln {
 namespace {
@@ -296,6 +298,70 @@ INSTANTIATE_TEST_SUITE_P(Kinds, QuantizedLinearTest,
                          [](const testing::TestParamInfo<Quantization>& info) {
                            return std::string(QuantizationName(info.param));
                          });
+
+// The activations of an int4 call, quantized 16 groups at a time in vectors, equal group by
+// group QuantizeSymmetric bit for bit: values, scales and offsets (8·Σq), for K that is and is not
+// a multiple of the group and of 16 groups, rows after one another, a group holding a NaN or an
+// Inf (scale NaN, q 0), an all-zero group and the groups of K's padding (scale 0, q 0).
+TEST(QuantizeActivationsTest, Int4GroupsEqualTheScalarQuantizationBitForBit) {
+  if (!cpu::QuantizedKernelSupported()) GTEST_SKIP() << "this CPU has no AVX-512 VNNI";
+  std::mt19937 rng(5);
+  std::normal_distribution<float> dist(0.0f, 2.0f);
+  for (const int64_t k : {1, 31, 32, 33, 100, 511, 512, 513, 896, 1000, 4864}) {
+    cpu::quantized::PackedView view;
+    view.kind = Quantization::kInt4;
+    view.k = k;
+    view.k_padded =
+        (k + cpu::quantized::kKAlign - 1) / cpu::quantized::kKAlign * cpu::quantized::kKAlign;
+    const int64_t groups = view.k_padded / kInt4GroupSize;
+    const int64_t m = 3;
+    std::vector<float> x(static_cast<size_t>(m * k));
+    for (float& v : x) v = dist(rng);
+    x[0] = 40.0f;  // an outlier
+    if (k > 70) {
+      x[k + 40] = std::numeric_limits<float>::quiet_NaN();    // row 1, group 1, its first half
+      x[k + 52] = -std::numeric_limits<float>::infinity();    // row 1, group 1, its second half
+      x[2 * k + 3] = std::numeric_limits<float>::infinity();  // row 2, group 0
+      for (int64_t i = 64; i < 96; ++i) x[2 * k + i] = 0.0f;  // row 2, group 2
+    }
+    cpu::quantized::QuantizedActivations a;
+    a.values.assign(5, 99);  // stale contents from a wider call
+    cpu::quantized::QuantizeActivations(view, x.data(), m, a);
+    ASSERT_EQ(a.values.size(), static_cast<size_t>(m * view.k_padded));
+    ASSERT_EQ(a.scales.size(), static_cast<size_t>(m * groups));
+    ASSERT_EQ(a.offsets.size(), static_cast<size_t>(m * groups));
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t g = 0; g < groups; ++g) {
+        SCOPED_TRACE(testing::Message() << "K=" << k << " row " << r << " group " << g);
+        const size_t at = static_cast<size_t>(r * groups + g);
+        const int64_t first = g * kInt4GroupSize;
+        const int64_t count = std::clamp<int64_t>(k - first, 0, kInt4GroupSize);
+        const float* values = x.data() + r * k + first;
+        bool finite = true;
+        for (int64_t i = 0; i < count; ++i) finite = finite && std::isfinite(values[i]);
+        std::vector<int> q(kInt4GroupSize, 0);
+        double scale = std::numeric_limits<double>::quiet_NaN();
+        if (finite) {
+          scale = QuantizeSymmetric(values, count, q);
+          q.resize(kInt4GroupSize, 0);
+        }
+        if (std::isnan(scale)) {
+          EXPECT_TRUE(std::isnan(a.scales[at]));
+        } else {
+          EXPECT_EQ(a.scales[at], static_cast<float>(scale));
+        }
+        int32_t sum = 0;
+        for (int64_t i = 0; i < kInt4GroupSize; ++i) {
+          sum += q[static_cast<size_t>(i)];
+          ASSERT_EQ(a.values[static_cast<size_t>(r * view.k_padded + first + i)],
+                    q[static_cast<size_t>(i)])
+              << "value " << i;
+        }
+        EXPECT_EQ(a.offsets[at], 8 * sum);
+      }
+    }
+  }
+}
 
 TEST(QuantizationTest, ParsesNames) {
   EXPECT_EQ(*ParseQuantization(""), Quantization::kNone);
