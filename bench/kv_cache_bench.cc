@@ -28,6 +28,7 @@
 #include "bench/bench_model.h"
 #include "bench/bench_util.h"
 #include "bench/compute_peak.h"
+#include "bench/read_bandwidth.h"
 #include "clients/synth.h"
 #include "engine/engine.h"
 #include "kernels/backend_registry.h"
@@ -305,9 +306,12 @@ int Main() {
     const int streams = std::max(1, std::atoi(text.c_str()));
     std::vector<double> rates;
     std::vector<double> decode_rates;
+    std::vector<double> round_trips;  // before and after each run: where the threads were
     for (int r = 0; r < repeats; ++r) {
+      round_trips.push_back(bench::MeasureThreadRoundTrip());
       absl::StatusOr<StreamsRun> run =
           RunStreams(model, streams, prompt_tokens, decode_tokens, 100 + r);
+      round_trips.push_back(bench::MeasureThreadRoundTrip());
       if (!run.ok()) {
         return std::fprintf(stderr, "%s\n", std::string(run.status().message()).c_str()), 1;
       }
@@ -326,6 +330,8 @@ int Main() {
         "  %3d streams: %8.1f tokens/s (%.2fx one stream); decoding: %8.1f tokens/s (%.2fx)\n",
         streams, rate, rate / std::max(1e-9, single), decode_rate,
         decode_rate / std::max(1e-9, single_decode));
+    std::printf("               threads' round trip before and after the runs: %s\n",
+                bench::DescribeRoundTrips(round_trips).c_str());
     if (peak > 0 && streams > 1 && single_decode > 0) {
       const double one = 1.0 / single_decode;
       const double arithmetic = streams * 2 * multiply_adds / peak;

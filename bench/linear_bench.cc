@@ -10,6 +10,7 @@
 // read-bandwidth probe.
 #include <omp.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <random>
@@ -19,6 +20,7 @@
 #include "absl/flags/flag.h"
 #include "absl/flags/parse.h"
 #include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "base/logging.h"
 #include "base/status_macros.h"
@@ -48,6 +50,10 @@ ABSL_FLAG(bool, layer_order, false,
 ABSL_FLAG(bool, step_team, true,
           "--layer_order: run the calls on a step's thread team (kernels/cpu/step_team.h), as "
           "decode does; false: a parallel region per call");
+ABSL_FLAG(bool, by_placement, true,
+          "--layer_order: also print the passes whose threads stayed apart (a cache-line round "
+          "trip between them over 150 ns before and after the pass: on the EPYC VMs two CCDs, "
+          "each with its own link to memory) and those that stayed together, on their own");
 ABSL_FLAG(std::string, quantize, "none",
           "none, or int8 / int4: time the quantized kernel on weights packed that way");
 ABSL_FLAG(std::string, streams, "",
@@ -150,6 +156,17 @@ int QuantizedMain(Backend& backend, Quantization quantization, int min_m, int ma
   return 0;
 }
 
+// Where a pass's two threads were: the cache-line round trip between them before and after it
+// (bench::MeasureThreadRoundTrip) both over 150 ns (apart: two CCDs on the EPYC VMs), both under
+// (together: one CCX, or one core), or one of each (moved during the pass).
+enum class Placement { kApart, kTogether, kMoved };
+Placement PlacementOf(double before_ns, double after_ns) {
+  constexpr double kApartNs = 150;
+  if (before_ns > kApartNs && after_ns > kApartNs) return Placement::kApart;
+  if (before_ns <= kApartNs && after_ns <= kApartNs) return Placement::kTogether;
+  return Placement::kMoved;
+}
+
 // --layer_order: copy c of every shape that has one, shape by shape, then the next copy (as a
 // decode step runs a model's layers), at M = 1..max_m; per shape the GB/s of its packed bytes,
 // each call timed alone, median over `repeats` passes, against the probe taken before the pass.
@@ -183,15 +200,17 @@ int LayerOrderMain(Backend& backend, DType dtype, Quantization quantization, int
     stream_counts.push_back(count);
   }
   if (stream_counts.empty()) stream_counts.push_back(0);
-  std::printf("%-14s %6s %2s %7s %10s %10s %8s %12s\n", "K x N", "copies", "M", "streams", "GB/s",
-              "probe GB/s", "÷ probe", "us a call");
+  std::printf("%-14s %6s %2s %7s %10s %10s %8s %12s  %s\n", "K x N", "copies", "M", "streams",
+              "GB/s", "probe GB/s", "÷ probe", "us a call", "passes");
   for (int m = min_m; m <= max_m; ++m) {
     // [count][shape]: each pass's seconds.
     std::vector<std::vector<std::vector<double>>> seconds(
         stream_counts.size(), std::vector<std::vector<double>>(shapes.size()));
     std::vector<double> probes;
+    std::vector<Placement> placements;
     for (int pass = 0; pass <= repeats; ++pass) {  // pass 0 warms up
       const double probe = bench::MeasureReadBandwidth(2);
+      const double round_trip_before = bench::MeasureThreadRoundTrip();
       for (size_t c = 0; c < stream_counts.size(); ++c) {
         for (auto& copies : linears) {
           for (auto& linear : copies) {
@@ -221,20 +240,48 @@ int LayerOrderMain(Backend& backend, DType dtype, Quantization quantization, int
         if (pass == 0) continue;
         for (size_t s = 0; s < shapes.size(); ++s) seconds[c][s].push_back(total[s]);
       }
-      if (pass > 0) probes.push_back(probe);
+      if (pass > 0) {
+        probes.push_back(probe);
+        placements.push_back(PlacementOf(round_trip_before, bench::MeasureThreadRoundTrip()));
+      }
     }
-    const double probe = Median(probes);
-    for (size_t s = 0; s < shapes.size(); ++s) {
-      double bytes = 0;
-      for (const auto& linear : linears[s]) bytes += static_cast<double>(linear->packed_bytes());
-      for (size_t c = 0; c < stream_counts.size(); ++c) {
-        const double t = Median(seconds[c][s]);
-        const int streams = cpu::DecodeStreams(*linears[s][0]);
-        const std::string streams_text =
-            streams == 0 ? "-" : std::to_string(stream_counts[c] == 0 ? streams : stream_counts[c]);
-        std::printf("%6ldx%-7ld %6d %2d %7s %10.1f %10.1f %8.2f %12.1f\n", shapes[s].k, shapes[s].n,
-                    shapes[s].copies, m, streams_text.c_str(), bytes / t / 1e9, probe / 1e9,
-                    bytes / t / probe, t / shapes[s].copies * 1e6);
+    // All passes, then (--by_placement) the passes of each placement seen, on their own.
+    std::vector<std::pair<std::string, std::vector<bool>>> selections;
+    selections.emplace_back("all", std::vector<bool>(probes.size(), true));
+    if (absl::GetFlag(FLAGS_by_placement)) {
+      for (const auto& [placement, name] :
+           {std::pair{Placement::kApart, "apart"}, std::pair{Placement::kTogether, "together"}}) {
+        std::vector<bool> chosen(probes.size());
+        for (size_t i = 0; i < probes.size(); ++i) chosen[i] = placements[i] == placement;
+        if (std::count(chosen.begin(), chosen.end(), true) > 0) {
+          selections.emplace_back(name, std::move(chosen));
+        }
+      }
+    }
+    auto select = [](const std::vector<double>& values, const std::vector<bool>& chosen) {
+      std::vector<double> kept;
+      for (size_t i = 0; i < values.size(); ++i) {
+        if (chosen[i]) kept.push_back(values[i]);
+      }
+      return kept;
+    };
+    for (const auto& [name, chosen] : selections) {
+      const double probe = Median(select(probes, chosen));
+      const std::string label =
+          absl::StrCat(name, " (", std::count(chosen.begin(), chosen.end(), true), ")");
+      for (size_t s = 0; s < shapes.size(); ++s) {
+        double bytes = 0;
+        for (const auto& linear : linears[s]) bytes += static_cast<double>(linear->packed_bytes());
+        for (size_t c = 0; c < stream_counts.size(); ++c) {
+          const double t = Median(select(seconds[c][s], chosen));
+          const int streams = cpu::DecodeStreams(*linears[s][0]);
+          const std::string streams_text =
+              streams == 0 ? "-"
+                           : std::to_string(stream_counts[c] == 0 ? streams : stream_counts[c]);
+          std::printf("%6ldx%-7ld %6d %2d %7s %10.1f %10.1f %8.2f %12.1f  %s\n", shapes[s].k,
+                      shapes[s].n, shapes[s].copies, m, streams_text.c_str(), bytes / t / 1e9,
+                      probe / 1e9, bytes / t / probe, t / shapes[s].copies * 1e6, label.c_str());
+        }
       }
     }
   }

@@ -436,13 +436,14 @@ int Main() {
   // The machine's bandwidth moves (other tenants, clocks) by up to 2× within a minute here, so each
   // run is held against a probe taken just before it, and the two programs take turns going first
   // in a round.
-  std::vector<double> bandwidths;
+  std::vector<double> bandwidths, round_trips;
   for (int round = 0; round < repeats; ++round) {
     for (FormatRow& row : rows) {
       auto run_kiln = [&]() -> absl::Status {
         if (!row.kiln_model) return absl::OkStatus();
         const double bandwidth = bench::MeasureReadBandwidth(2);
         bandwidths.push_back(bandwidth);
+        round_trips.push_back(bench::MeasureThreadRoundTrip());
         KILN_ASSIGN_OR_RETURN(Throughput kiln, MeasureKiln(*row.kiln_model, prompt, decode_tokens));
         row.kiln_prefill.push_back(kiln.prefill), row.kiln_decode.push_back(kiln.decode);
         row.kiln_roofline.push_back(
@@ -454,6 +455,7 @@ int Main() {
         if (llama_bench.empty() || !row.llama_error.empty()) return;
         const double bandwidth = bench::MeasureReadBandwidth(2);
         bandwidths.push_back(bandwidth);
+        round_trips.push_back(bench::MeasureThreadRoundTrip());
         absl::StatusOr<LlamaBenchResult> llama = MeasureLlamaCpp(
             llama_bench, row.gguf, threads, prompt_tokens, decode_tokens, extra_args);
         if (!llama.ok()) {
@@ -478,6 +480,7 @@ int Main() {
         "memory read bandwidth  %.2f GB/s median of the runs' probes (%.2f to %.2f), %d threads\n",
         Median(bandwidths) / 1e9, *std::min_element(bandwidths.begin(), bandwidths.end()) / 1e9,
         *std::max_element(bandwidths.begin(), bandwidths.end()) / 1e9, threads);
+    std::printf("threads' round trip    %s\n", bench::DescribeRoundTrips(round_trips).c_str());
   }
   PrintTable(rows, !llama_bench.empty());
   return 0;

@@ -360,6 +360,12 @@ KILN_VNNI_TARGET void Int4Panels(const PackedView& w, const QuantizedActivations
 
 }  // namespace
 
+void PrefetchRows(const float* x, int64_t m, int64_t k) {
+  const auto* bytes = reinterpret_cast<const char*>(x);
+  const int64_t size = m * k * static_cast<int64_t>(sizeof(float));
+  for (int64_t at = 0; at < size; at += 64) PrefetchToL2(bytes + at);
+}
+
 void PrefetchPanelStarts(const PackedView& w, const int64_t* first, int count) {
   for (int i = 0; i < count; ++i) {
     const uint8_t* panel = w.data + first[i] * w.panel_bytes;
