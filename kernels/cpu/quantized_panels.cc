@@ -63,31 +63,39 @@ KILN_VNNI_TARGET float QuantizeSpan(const float* x, int64_t valid, int64_t count
   return max_abs / 127.0f;
 }
 
-// Lane j of the result: op over the 16 lanes of v[j]. One transposing reduction of 16 vectors,
+enum class Reduce { kMax, kAddInt32 };
+
+template <Reduce kOp>
+KILN_VNNI_TARGET KILN_ALWAYS_INLINE __m512 Combine(__m512 a, __m512 b) {
+  if constexpr (kOp == Reduce::kMax) return _mm512_max_ps(a, b);
+  return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
+}
+
+// Lane j of the result: kOp over the 16 lanes of v[j]. One transposing reduction of 16 vectors,
 // 15 pairs of shuffles, in place of 16 reductions of one vector each (4 dependent shuffles apiece).
-template <typename Op>
-KILN_VNNI_TARGET KILN_ALWAYS_INLINE __m512 ReduceEachVector(const __m512 (&v)[16], Op op) {
+template <Reduce kOp>
+KILN_VNNI_TARGET KILN_ALWAYS_INLINE __m512 ReduceEachVector(const __m512 (&v)[16]) {
   __m512 halves[8];  // [2i] in 128-bit chunks 0-1, [2i + 1] in chunks 2-3
   KILN_UNROLL
   for (int i = 0; i < 8; ++i) {
-    halves[i] = op(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
-                   _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee));
+    halves[i] = Combine<kOp>(_mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0x44),
+                             _mm512_shuffle_f32x4(v[2 * i], v[2 * i + 1], 0xee));
   }
   __m512 quarters[4];  // chunk c holds [4i + c]
   KILN_UNROLL
   for (int i = 0; i < 4; ++i) {
-    quarters[i] = op(_mm512_shuffle_f32x4(halves[2 * i], halves[2 * i + 1], 0x88),
-                     _mm512_shuffle_f32x4(halves[2 * i], halves[2 * i + 1], 0xdd));
+    quarters[i] = Combine<kOp>(_mm512_shuffle_f32x4(halves[2 * i], halves[2 * i + 1], 0x88),
+                               _mm512_shuffle_f32x4(halves[2 * i], halves[2 * i + 1], 0xdd));
   }
   __m512 pairs[2];  // in chunk c, lanes 0-1 hold [8i + c], lanes 2-3 [8i + 4 + c]
   KILN_UNROLL
   for (int i = 0; i < 2; ++i) {
-    pairs[i] = op(_mm512_shuffle_ps(quarters[2 * i], quarters[2 * i + 1], 0x44),
-                  _mm512_shuffle_ps(quarters[2 * i], quarters[2 * i + 1], 0xee));
+    pairs[i] = Combine<kOp>(_mm512_shuffle_ps(quarters[2 * i], quarters[2 * i + 1], 0x44),
+                            _mm512_shuffle_ps(quarters[2 * i], quarters[2 * i + 1], 0xee));
   }
   // Lane 4c + i holds [c + 4i].
-  const __m512 done =
-      op(_mm512_shuffle_ps(pairs[0], pairs[1], 0x88), _mm512_shuffle_ps(pairs[0], pairs[1], 0xdd));
+  const __m512 done = Combine<kOp>(_mm512_shuffle_ps(pairs[0], pairs[1], 0x88),
+                                   _mm512_shuffle_ps(pairs[0], pairs[1], 0xdd));
   const __m512i order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_permutexvar_ps(order, done);
 }
@@ -101,10 +109,6 @@ KILN_VNNI_TARGET void QuantizeGroups(const float* x, int64_t k, int64_t groups, 
   static_assert(kInt4GroupSize == 32, "two vectors a group");
   const __m512 infinity = _mm512_set1_ps(std::numeric_limits<float>::infinity());
   const __m512 levels = _mm512_set1_ps(127.0f);
-  auto max = [](__m512 a, __m512 b) { return _mm512_max_ps(a, b); };
-  auto add = [](__m512 a, __m512 b) {
-    return _mm512_castsi512_ps(_mm512_add_epi32(_mm512_castps_si512(a), _mm512_castps_si512(b)));
-  };
   for (int64_t g0 = 0; g0 < groups; g0 += 16) {
     const int64_t count = std::min<int64_t>(16, groups - g0);
     __m512 v[16][2];
@@ -125,7 +129,7 @@ KILN_VNNI_TARGET void QuantizeGroups(const float* x, int64_t k, int64_t groups, 
           _mm512_abs_ps(v[j][1]), _mm512_cmp_ps_mask(v[j][1], v[j][1], _CMP_UNORD_Q), infinity);
       magnitude[j] = _mm512_max_ps(a0, a1);
     }
-    const __m512 max_abs = ReduceEachVector(magnitude, max);
+    const __m512 max_abs = ReduceEachVector<Reduce::kMax>(magnitude);
     const __mmask16 finite = _mm512_cmp_ps_mask(max_abs, infinity, _CMP_LT_OQ);
     const __mmask16 nonzero = _mm512_cmp_ps_mask(max_abs, _mm512_setzero_ps(), _CMP_GT_OQ);
     // A group with a NaN or Inf gets a NaN scale (its outputs become NaN) and q = 0, as does
@@ -150,7 +154,7 @@ KILN_VNNI_TARGET void QuantizeGroups(const float* x, int64_t k, int64_t groups, 
       }
       sums[j] = _mm512_castsi512_ps(_mm512_add_epi32(q0, q1));
     }
-    const __m512i total = _mm512_castps_si512(ReduceEachVector(sums, add));
+    const __m512i total = _mm512_castps_si512(ReduceEachVector<Reduce::kAddInt32>(sums));
     _mm512_mask_storeu_epi32(offsets + g0, store_mask,
                              _mm512_mullo_epi32(total, _mm512_set1_epi32(8)));
   }
