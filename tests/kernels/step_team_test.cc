@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstring>
 #include <thread>
 #include <vector>
 
@@ -14,6 +15,7 @@
 #include "gtest/gtest.h"
 #include "kernels/backend_registry.h"
 #include "kernels/cpu/cpu_features.h"
+#include "kernels/cpu/ops.h"
 #include "kernels/cpu/panel_split.h"
 #include "kernels/cpu/parallel_for.h"
 #include "kernels/cpu/small_m_linear.h"
@@ -139,6 +141,32 @@ TEST(StepTeamTest, LoopsInsideATeamRunEveryIndexOnce) {
                 }
                 return absl::OkStatus();
               }).ok());
+}
+
+// In a team SiluMul splits even one decode row over the threads (each a piece of its own); the
+// values are those one thread gives, bit for bit, for rows of every length around the split.
+TEST(StepTeamTest, SiluMulInATeamEqualsSiluMulAlone) {
+  for (int64_t inter : {2047, 2048, 2049, 4864, 5000}) {
+    for (int64_t rows : {1, 3}) {
+      std::vector<float> gate_up(static_cast<size_t>(rows * 2 * inter));
+      for (size_t i = 0; i < gate_up.size(); ++i) {
+        gate_up[i] = static_cast<float>(static_cast<int64_t>(i * 7919 % 2001) - 1000) / 97.0f;
+      }
+      std::vector<float> alone(static_cast<size_t>(rows * inter), -1.0f);
+      std::vector<float> teamed(static_cast<size_t>(rows * inter) + 1, -1.0f);
+      SiluMul(gate_up.data(), 2 * inter, rows, inter, alone.data(), inter);
+      int team_size = 0;
+      ASSERT_TRUE(StepTeam::Hold(2, [&] {
+                    team_size = StepTeam::Current() == nullptr ? 1 : StepTeam::Current()->size();
+                    SiluMul(gate_up.data(), 2 * inter, rows, inter, teamed.data(), inter);
+                    return absl::OkStatus();
+                  }).ok());
+      if (team_size < 2) GTEST_SKIP() << "OpenMP gave this process one thread";
+      EXPECT_EQ(std::memcmp(alone.data(), teamed.data(), alone.size() * sizeof(float)), 0)
+          << inter << " values, " << rows << " rows";
+      EXPECT_EQ(teamed.back(), -1.0f) << "wrote past the output";
+    }
+  }
 }
 
 // Without a team, RunOnThreads is an OpenMP region; with one thread, the caller alone.
