@@ -62,13 +62,14 @@ absl::Status StepTeam::Hold(int threads, absl::FunctionRef<absl::Status()> body,
   if (report != nullptr) *report = Report{};
   if (threads <= 1 || omp_in_parallel() || tls_team != nullptr) return body();
   StepTeam team;
+  team.done_ = std::vector<Done>(static_cast<size_t>(threads));
   absl::Status status;
 #pragma omp parallel num_threads(threads)
   {
     if (omp_get_thread_num() == 0) {
       team.size_ = omp_get_num_threads();
       tls_team = &team;
-      LeadScope scope{&team.released_};
+      LeadScope scope{&team.post_.released};
       status = body();
     } else {
       team.Serve(omp_get_thread_num());
@@ -83,13 +84,13 @@ void StepTeam::Serve(int thread) {
   while (true) {
     uint64_t generation;
     Backoff backoff;
-    while ((generation = generation_.load(std::memory_order_acquire)) == seen) {
-      if (released_.load(std::memory_order_acquire)) return;
+    while ((generation = post_.generation.load(std::memory_order_acquire)) == seen) {
+      if (post_.released.load(std::memory_order_acquire)) return;
       backoff.Wait();
     }
     seen = generation;
-    if (thread < job_threads_) (*job_)(thread, job_threads_);
-    pending_.fetch_sub(1, std::memory_order_acq_rel);
+    if (thread < post_.threads) (*post_.job)(thread, post_.threads);
+    done_[static_cast<size_t>(thread)].generation.store(generation, std::memory_order_release);
   }
 }
 
@@ -99,14 +100,19 @@ void StepTeam::Run(int threads, absl::FunctionRef<void(int, int)> job) {
     job(0, 1);
     return;
   }
-  job_ = &job;
-  job_threads_ = count;
-  // Every waiting thread answers each job, so that none can miss one and see the next.
-  pending_.store(size_ - 1, std::memory_order_relaxed);
-  generation_.fetch_add(1, std::memory_order_release);
+  // Only this thread writes the post, and only once every waiting thread has answered the last
+  // job: every one answers each job, so that none can miss one and see the next.
+  post_.job = &job;
+  post_.threads = count;
+  const uint64_t generation = post_.generation.load(std::memory_order_relaxed) + 1;
+  post_.generation.store(generation, std::memory_order_release);
   job(0, count);
-  Backoff backoff;
-  while (pending_.load(std::memory_order_acquire) != 0) backoff.Wait();
+  for (int t = 1; t < size_; ++t) {
+    Backoff backoff;
+    while (done_[static_cast<size_t>(t)].generation.load(std::memory_order_acquire) != generation) {
+      backoff.Wait();
+    }
+  }
 }
 
 void RunOnThreads(int threads, absl::FunctionRef<void(int, int)> job) {
