@@ -123,10 +123,8 @@ KILN_AVX512_TARGET void SiluMulRowAvx512(const float* gate, const float* up, int
                                          float* out) {
   // Every line asked for at once: in a decode step the other thread wrote half of them (the up
   // projection's columns), and across two CCDs each such line takes about 150 ns.
-  for (int64_t i = 0; i < n; i += 16) {
-    PrefetchToL2(gate + i);
-    PrefetchToL2(up + i);
-  }
+  PrefetchRangeToL2(gate, n * static_cast<int64_t>(sizeof(float)));
+  PrefetchRangeToL2(up, n * static_cast<int64_t>(sizeof(float)));
   const __m512 one = _mm512_set1_ps(1.0f);
   for (int64_t i = 0; i < n; i += 16) {
     const __mmask16 mask =

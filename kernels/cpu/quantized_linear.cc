@@ -17,6 +17,7 @@
 #include "kernels/cpu/host_memory.h"
 #include "kernels/cpu/linear_dispatch.h"
 #include "kernels/cpu/panel_split.h"
+#include "kernels/cpu/prefetch.h"
 #include "kernels/cpu/quantized_panels.h"
 #include "kernels/dtype.h"
 
@@ -33,7 +34,6 @@ using quantized::kMaxRowsPerPass;
 using quantized::kQuadBytesInt8;
 using quantized::PackedView;
 using quantized::PrefetchPanelStarts;
-using quantized::PrefetchRows;
 using quantized::QuantizeActivations;
 using quantized::QuantizedActivations;
 using quantized::RunPanelGroup;
@@ -319,7 +319,7 @@ class QuantizedLinear final : public PackedLinear {
     ForPanelStreams(
         view_.panels, static_cast<int>(streams), static_cast<int>(useful_threads),
         [&](const int64_t* first, int count) {
-          PrefetchRows(x, m, view_.k);
+          PrefetchRangeToL2(x, m * view_.k * static_cast<int64_t>(sizeof(float)));
           PrefetchPanelStarts(view_, first, count);
           QuantizeActivations(view_, x, m, tls_activations);
         },

@@ -57,9 +57,6 @@ struct QuantizedActivations {
 // (int4), zero-padded to w.k_padded.
 void QuantizeActivations(const PackedView& w, const float* x, int64_t m, QuantizedActivations& a);
 
-// Asks for the lines of the m rows of x (K floats each) into L2.
-void PrefetchRows(const float* x, int64_t m, int64_t k);
-
 // Asks for the first lines of panels first[0..count) of w, those the kernel reads before its own
 // prefetches run ahead of it, into L2.
 void PrefetchPanelStarts(const PackedView& w, const int64_t* first, int count);

@@ -3,7 +3,6 @@
 #include <immintrin.h>
 
 #include <algorithm>
-#include <cstddef>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -474,12 +473,7 @@ void RunSmallM(const PanelWeights& w, const float* x, int64_t m, float* y, int t
       panels, static_cast<int>(streams), static_cast<int>(useful_threads),
       [&](const int64_t* first, int count) {
         if (w.dtype == DType::kBF16) {
-          for (int i = 0; i < count; ++i) {
-            const auto* panel = static_cast<const std::byte*>(w.data) + first[i] * panel_bytes;
-            for (int64_t line = 0; line < std::min(kPrefetchBytes, panel_bytes); line += 64) {
-              PrefetchToL2(panel + line);
-            }
-          }
+          PrefetchPanelStarts(w.data, panel_bytes, first, count, kPrefetchBytes);
           tls_x_bf16.resize(static_cast<size_t>(m * w.k_padded / 2));
           ToBf16Pairs(x, m, w.k, w.k_padded, tls_x_bf16.data());
         } else {
